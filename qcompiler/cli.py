@@ -1,0 +1,298 @@
+"""The ``qcompile`` command line.
+
+    qcompile MODEL.onnx --target x86|arm|cuda --dtype fp32|fp16|int8 -o OUT     compile to an artifact
+    qcompile inspect MODEL.onnx [--passes P]                                      IR, op histogram, parameters
+    qcompile convert MODEL.onnx -o OUT.onnx [--passes P]                          IR after passes, as ONNX
+    qcompile run OUT --input X.npy|X.npz [--output Y.npy]                         run an artifact
+
+Bad input of any kind is one line on stderr and exit code 2; nothing the user gave is modified and no
+half-written output is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import __version__
+from .errors import UserError
+
+COMMANDS = ("compile", "inspect", "convert", "run")
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str):
+        raise UserError(message, self.prog, f"see '{self.prog} --help'")
+
+
+def _common_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="the ONNX model file")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDxD",
+                   help="static shape for an input with dynamic dimensions, e.g. x=1x3x224x224 "
+                        "(repeatable; a dynamic batch alone defaults to 1 with a warning)")
+    p.add_argument("--passes", default=None, metavar="PIPELINE",
+                   help="comma-separated passes to run, 'default' or 'none' (see --list-passes)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="load custom passes registered with @register_pass from a Python file")
+    p.add_argument("--print-ir-after", default=None, metavar="PASS|all",
+                   help="print the IR after the named passes (comma-separated) or after all")
+    p.add_argument("--time-passes", action="store_true", help="print the time spent in each pass")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="qcompile", formatter_class=argparse.RawDescriptionHelpFormatter,
+                  description="qcompiler: a quantizing graph compiler for neural networks.\n\n"
+                  "  qcompile MODEL.onnx --target x86 --dtype fp32 -o OUT   compile (the default command)\n"
+                  "  qcompile inspect MODEL.onnx [--passes P]              IR text, op histogram, parameters\n"
+                  "  qcompile convert MODEL.onnx -o OUT.onnx [--passes P]  the IR after passes, as ONNX\n"
+                  "  qcompile run OUT --input X.npz [--output Y.npy]       run a compiled artifact\n",
+                  epilog="Run 'qcompile COMMAND --help' for a command's options.")
+    top.add_argument("--version", action="version", version=f"qcompiler {__version__}")
+    top.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
+    sub = top.add_subparsers(dest="command", parser_class=_Parser)
+
+    c = sub.add_parser("compile", help="compile a model to an artifact (the default command)",
+                       description="Compile an ONNX model to an artifact directory: model.so (Relax VM + "
+                       "kernels + weights) and manifest.json, runnable with the TVM runtime alone.")
+    _common_model_args(c)
+    c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (default x86)")
+    c.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
+                   help="precision of weights and activations (default fp32)")
+    c.add_argument("--cpu", default=None, help="LLVM CPU name (x86: default the host's; arm: e.g. cortex-a76)")
+    c.add_argument("--arch", default="sm_90", help="CUDA architectures, comma-separated (default sm_90)")
+    c.add_argument("--features", default="", help="extra LLVM features, e.g. +dotprod,+fullfp16")
+    c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
+
+    i = sub.add_parser("inspect", help="print the IR, op histogram and parameter count of a model",
+                       description="Import a model (optionally run passes) and print its IR, an op "
+                       "histogram (before/after the passes) and the parameter count and bytes.")
+    _common_model_args(i)
+    i.add_argument("--no-ir", action="store_true", help="do not print the IR text")
+    i.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+
+    v = sub.add_parser("convert", help="write the IR after passes back as ONNX",
+                       description="Import a model, run passes (--passes none: import and export only) "
+                       "and write the result as ONNX that ONNX Runtime can run.")
+    _common_model_args(v)
+    v.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="ONNX file to write")
+
+    r = sub.add_parser("run", help="run a compiled artifact on inputs from .npy/.npz",
+                       description="Run every sample of an input with a leading sample dimension through "
+                       "a compiled artifact and print a short summary.")
+    r.add_argument("artifact", help="artifact directory written by 'qcompile'")
+    r.add_argument("--input", required=True, metavar="X.npy|X.npz",
+                   help=".npy (the single input) or .npz (arrays named like the inputs, or 'x')")
+    r.add_argument("--output", default=None, metavar="Y.npy|Y.npz", help="write the outputs here")
+    r.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    return top
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for s in specs:
+        name, eq, dims = s.rpartition("=")
+        try:
+            if not eq or not name:
+                raise ValueError
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+            if any(d <= 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise UserError(f"bad --input-shape '{s}'", "--input-shape",
+                            "write NAME=1x3x224x224 with positive dimensions") from None
+        shapes[name] = shape
+    return shapes
+
+
+def check_output_path(path: str, is_dir: bool) -> None:
+    """Fail early, before any work, if ``path`` cannot be written."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise UserError(f"output folder {parent} does not exist", path, "create it or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"cannot write in {parent} (permission denied)", path, "choose a writable -o")
+    if os.path.exists(path) and is_dir and not os.path.isdir(path):
+        raise UserError("output exists and is not a directory", path, "remove it or choose another -o")
+    if os.path.isdir(path) and not is_dir:
+        raise UserError("output is a directory", path, "give a file name such as out.onnx")
+
+
+def check_model_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise UserError("model file not found", path, "check the path")
+    if os.path.isdir(path):
+        raise UserError("model path is a directory", path, "give the .onnx file")
+
+
+def load_model(args):
+    from .frontend.onnx_import import import_onnx
+    check_model_path(args.model)
+    for plugin in args.plugin:
+        from .passes import load_plugin
+        load_plugin(plugin)
+    return import_onnx(args.model, parse_input_shapes(args.input_shape) or None)
+
+
+def run_pipeline(graph, args, log):
+    from .passes import PassManager
+    pm = PassManager(args.passes, print_ir_after=args.print_ir_after, time_passes=args.time_passes,
+                     out=sys.stdout)
+    pm.run(graph)
+    return pm
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def cmd_inspect(args, log) -> int:
+    from .ir.printer import print_graph
+    g = load_model(args)
+    n0, b0 = g.param_count()
+    before = g.op_histogram()
+    pm = run_pipeline(g, args, log) if args.passes not in (None, "none") else None
+    after = g.op_histogram()
+    n1, b1 = g.param_count()
+    if args.json:
+        print(json.dumps({
+            "model": args.model, "graph": g.name,
+            "inputs": [{"name": v.name, "type": str(v.type)} for v in g.inputs],
+            "outputs": [{"name": v.name, "type": str(v.type)} for v in g.outputs],
+            "ops_before": before, "ops_after": after if pm else before,
+            "num_ops": sum(after.values()), "params": n1, "param_bytes": b1,
+            "passes": [t.name for t in pm.timings] if pm else [],
+        }, indent=2))
+        return 0
+    if not args.no_ir:
+        print(print_graph(g, elide=True))
+    print(f"model:   {args.model}  (graph '{g.name}', opset {g.meta.get('opset', '?')})")
+    for v in g.inputs:
+        print(f"input:   %{v.name}: {v.type}")
+    for v in g.outputs:
+        print(f"output:  %{v.name}: {v.type}")
+    print(f"params:  {n1:,} elements, {_fmt_bytes(b1)}" + (f"  (before passes: {n0:,}, {_fmt_bytes(b0)})" if pm else ""))
+    if pm:
+        print(f"passes:  {', '.join(t.name for t in pm.timings) or '(none)'}")
+        kinds = sorted(set(before) | set(after), key=lambda k: (-before.get(k, 0), k))
+        print(f"{'op':<24}{'before':>8}{'after':>8}")
+        for k in kinds:
+            print(f"  {k:<22}{before.get(k, 0):>8}{after.get(k, 0):>8}")
+        print(f"  {'total':<22}{sum(before.values()):>8}{sum(after.values()):>8}")
+    else:
+        print(f"{'op':<24}{'count':>8}")
+        for k, n in before.items():
+            print(f"  {k:<22}{n:>8}")
+        print(f"  {'total':<22}{sum(before.values()):>8}")
+    return 0
+
+
+def cmd_convert(args, log) -> int:
+    from .frontend.onnx_export import save_onnx
+    check_model_path(args.model)
+    check_output_path(args.output, is_dir=False)
+    if os.path.exists(args.output) and os.path.samefile(args.output, args.model):
+        raise UserError("output would overwrite the input model", args.output, "choose another -o")
+    g = load_model(args)
+    pm = run_pipeline(g, args, log) if args.passes not in (None, "none") else None
+    save_onnx(g, args.output)
+    log(f"wrote {args.output}: {len(g)} ops" + (f" after {', '.join(t.name for t in pm.timings)}" if pm else ""))
+    return 0
+
+
+def cmd_compile(args, log) -> int:
+    from .codegen.target import TargetSpec
+    check_model_path(args.model)
+    spec = TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
+                      arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
+                      features=tuple(f.strip() for f in args.features.split(",") if f.strip()))
+    check_output_path(args.output, is_dir=True)
+    if spec.dtype == "int8":
+        raise UserError("int8 compilation is not yet available", "--dtype", "use --dtype fp32 or fp16 for now")
+    try:
+        from .codegen.artifact import write_artifact
+    except ImportError:
+        raise UserError("code generation is not yet available in this build", "qcompile",
+                        "use 'qcompile convert' or 'qcompile inspect' for now") from None
+    t0 = time.perf_counter()
+    g = load_model(args)
+    run_pipeline(g, args, log)
+    out = write_artifact(g, spec, args.output)
+    log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_run(args, log) -> int:
+    try:
+        from .runtime import load, run_batches
+    except ImportError:
+        raise UserError("the runtime is not yet available in this build", "qcompile run") from None
+    if args.output:
+        check_output_path(args.output, is_dir=False)
+    model = load(args.artifact)
+    outs = run_batches(model, args.input)
+    import numpy as np
+    for name, y in outs.items():
+        log(f"{name}: shape {list(y.shape)} {y.dtype}, mean {float(np.mean(y)):.6g}, "
+            f"min {float(np.min(y)):.6g}, max {float(np.max(y)):.6g}")
+    if args.output:
+        from .runtime import save_outputs
+        save_outputs(outs, args.output)
+        log(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        argv.insert(0, "compile")            # `qcompile MODEL.onnx ...` is `qcompile compile ...`
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.list_passes:
+            from .passes import available_passes
+            for name, info in available_passes().items():
+                print(f"{name:<18} {info.doc.splitlines()[0] if info.doc else ''}")
+            return 0
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USER_ERROR
+        quiet = getattr(args, "quiet", False)
+
+        def log(msg: str) -> None:
+            if not quiet:
+                print(msg, file=sys.stderr)
+        import warnings
+        warnings.showwarning = lambda m, c, f, l, file=None, line=None: log(f"qcompile: warning: {m}")
+        return {"compile": cmd_compile, "inspect": cmd_inspect, "convert": cmd_convert,
+                "run": cmd_run}[args.command](args, log)
+    except UserError as e:
+        print(f"qcompile: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("qcompile: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug in qcompiler: one line unless QCOMPILE_DEBUG is set
+        if os.environ.get("QCOMPILE_DEBUG"):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"qcompile: internal error: {type(e).__name__}: {msg} "
+              "(set QCOMPILE_DEBUG=1 for a traceback and please report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Compilation targets: what ``--target``, ``--cpu``, ``--arch`` and ``--dtype`` select.
+
+A :class:`TargetSpec` names the family (x86, arm, cuda) and turns into the TVM target JSON dict
+(TVM 0.27 accepts dicts only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+
+FAMILIES = ("x86", "arm", "cuda")
+DTYPES = ("fp32", "fp16", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    family: str = "x86"                      # x86 | arm | cuda
+    dtype: str = "fp32"                      # fp32 | fp16 | bf16 | int8
+    cpu: str | None = None                   # LLVM -mcpu: "znver3", "cortex-a76"; None = host (x86) / generic (arm)
+    arch: tuple[str, ...] = ("sm_90",)       # CUDA SM architectures to embed device code for
+    features: tuple[str, ...] = field(default_factory=tuple)   # LLVM mattr, e.g. ("+dotprod", "+fullfp16")
+    num_threads: int | None = None
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise UserError(f"unknown target '{self.family}'", "--target", f"use one of {', '.join(FAMILIES)}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"unknown dtype '{self.dtype}'", "--dtype", f"use one of {', '.join(DTYPES)}")
+        if self.dtype == "bf16" and self.family != "cuda":
+            raise UserError("bf16 is supported on CUDA only", "--dtype", "use fp16 or fp32 on CPU targets")
+        for a in self.arch:
+            if not (a.startswith("sm_") and a[3:].isdigit()):
+                raise UserError(f"bad CUDA arch '{a}'", "--arch", "write it like sm_87 or sm_90")
+
+    @property
+    def host_tvm(self) -> dict:
+        """The LLVM target of the machine that runs the host code."""
+        if self.family == "arm":
+            d = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                 "mattr": ["+neon", *[f for f in self.features if f != "+neon"]]}
+            if self.cpu:
+                d["mcpu"] = self.cpu
+            return d
+        d = {"kind": "llvm"}
+        if self.cpu:
+            d["mcpu"] = self.cpu
+        elif self.family == "x86":
+            d["mcpu"] = host_cpu()
+        if self.family == "x86" and self.features:
+            d["mattr"] = list(self.features)
+        return d
+
+    @property
+    def tvm(self) -> dict:
+        """The TVM target dict for kernels."""
+        if self.family == "cuda":
+            return {"kind": "cuda", "arch": self.arch[0], "host": self.host_tvm}
+        return self.host_tvm
+
+
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU (e.g. znver3)."""
+    import tvm
+    f = tvm.get_global_func("codegen.llvm_get_system_cpu", allow_missing=True) if hasattr(tvm, "get_global_func") else None
+    if f is not None:
+        return str(f())
+    import tvm_ffi
+    f = tvm_ffi.get_global_func("target.llvm_get_system_cpu", allow_missing=True)
+    return str(f()) if f is not None else "generic"

@@ -1,0 +1,177 @@
+"""Value types of the IR: shape, element dtype and, when quantized, the quantization parameters.
+
+In the spirit of MLIR's ``quant.uniform`` type, quantization parameters are part of a value's
+*type*: frozen, validated at construction, printed with the IR::
+
+    tensor<1x8x28x28xf32>                                  a float tensor
+    tensor<1x8x28x28x!quant.uniform<u8:f32, 0.0235:128>>   per-tensor affine uint8
+    tensor<8x3x3x3x!quant.uniform<i8:f32:0, {0.01:0, 0.02:0, ...}>>   per-channel int8 along axis 0
+
+A real value r is represented by the stored integer q through r = scale * (q - zero_point).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# short name <-> numpy dtype name. Short names follow MLIR (f32, i8, ...); i1 is bool.
+_SHORT = {
+    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+    "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16",
+    "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "i1",
+}
+_LONG = {v: k for k, v in _SHORT.items()}
+DTYPES = tuple(_SHORT)
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
+              "uint16": (0, 65535), "int32": (-2**31, 2**31 - 1)}
+
+
+def short_dtype(dtype: str) -> str:
+    return _SHORT[dtype]
+
+
+def long_dtype(short: str) -> str:
+    try:
+        return _LONG[short]
+    except KeyError:
+        raise ValueError(f"unknown element type '{short}' (known: {', '.join(_LONG)})") from None
+
+
+def np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def dtype_of_array(a: np.ndarray) -> str:
+    name = a.dtype.name
+    if name not in _SHORT:
+        raise ValueError(f"unsupported array dtype {name}")
+    return name
+
+
+def f32(x: float) -> float:
+    """Round a Python float to the nearest float32 (scales are stored as float32, like ONNX)."""
+    return float(np.float32(x))
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Uniform affine quantization: real = scale * (stored - zero_point).
+
+    ``axis`` is None for per-tensor parameters (one scale, one zero point) or the channel axis
+    for per-channel parameters (one scale and zero point per index along that axis).
+    """
+    storage: str                      # stored integer dtype: int8, uint8, int16, int32
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int | None = None
+    expressed: str = "float32"        # the float type the integers stand for
+
+    def __post_init__(self):
+        object.__setattr__(self, "scale", tuple(f32(s) for s in self.scale))
+        object.__setattr__(self, "zero_point", tuple(int(z) for z in self.zero_point))
+        if self.storage not in INT_RANGES:
+            raise ValueError(f"illegal quantized storage type '{self.storage}'")
+        if self.expressed not in FLOAT_DTYPES:
+            raise ValueError(f"illegal expressed type '{self.expressed}'")
+        if len(self.scale) == 0 or len(self.scale) != len(self.zero_point):
+            raise ValueError("quant params need as many zero points as scales (at least one)")
+        if self.axis is None and len(self.scale) != 1:
+            raise ValueError("per-tensor quant params take exactly one scale")
+        lo, hi = INT_RANGES[self.storage]
+        for s in self.scale:
+            if not (np.isfinite(s) and s > 0):
+                raise ValueError(f"quant scale must be finite and > 0, got {s}")
+        for z in self.zero_point:
+            if not lo <= z <= hi:
+                raise ValueError(f"zero point {z} outside the {self.storage} range [{lo}, {hi}]")
+
+    @property
+    def per_channel(self) -> bool:
+        return self.axis is not None
+
+    def check_shape(self, shape: tuple[int, ...]) -> str | None:
+        """Return a message if these parameters do not fit a tensor of ``shape``."""
+        if self.axis is None:
+            return None
+        if not -len(shape) <= self.axis < len(shape):
+            return f"quant axis {self.axis} out of range for rank {len(shape)}"
+        n = shape[self.axis]
+        if n != len(self.scale):
+            return f"quant axis {self.axis} has {n} channels but {len(self.scale)} scales"
+        return None
+
+    def scale_array(self) -> np.ndarray:
+        return np.asarray(self.scale, np.float32)
+
+    def zero_point_array(self) -> np.ndarray:
+        return np.asarray(self.zero_point, np_dtype(self.storage))
+
+    def __str__(self) -> str:
+        head = f"{short_dtype(self.storage)}:{short_dtype(self.expressed)}"
+        pairs = [f"{_fmt_float(s)}:{z}" for s, z in zip(self.scale, self.zero_point)]
+        if self.axis is None:
+            return f"!quant.uniform<{head}, {pairs[0]}>"
+        return f"!quant.uniform<{head}:{self.axis}, {{{', '.join(pairs)}}}>"
+
+
+def _fmt_float(x: float) -> str:
+    """Shortest text that parses back to the same float32."""
+    return np.format_float_positional(np.float32(x), unique=True, trim="-") \
+        if 1e-4 <= abs(x) < 1e6 or x == 0 else np.format_float_scientific(np.float32(x), unique=True, trim="-")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A statically shaped tensor type. ``dtype`` is the element type as stored (for a quantized
+    value, the integer storage type, which must equal ``quant.storage``)."""
+    shape: tuple[int, ...]
+    dtype: str
+    quant: QuantParams | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in _SHORT:
+            raise ValueError(f"unknown dtype '{self.dtype}'")
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+        if self.quant is not None:
+            if self.quant.storage != self.dtype:
+                raise ValueError(f"quantized type stores {self.quant.storage} but element dtype is {self.dtype}")
+            msg = self.quant.check_shape(self.shape)
+            if msg:
+                raise ValueError(msg)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np_dtype(self.dtype).itemsize
+
+    def with_shape(self, shape) -> "TensorType":
+        return TensorType(tuple(shape), self.dtype, None)
+
+    def with_dtype(self, dtype: str) -> "TensorType":
+        return TensorType(self.shape, dtype, None)
+
+    def with_quant(self, quant: QuantParams | None) -> "TensorType":
+        return TensorType(self.shape, quant.storage if quant else self.dtype, quant)
+
+    def __str__(self) -> str:
+        dims = "".join(f"{d}x" for d in self.shape)
+        elem = str(self.quant) if self.quant else short_dtype(self.dtype)
+        return f"tensor<{dims}{elem}>"
+
+    @staticmethod
+    def of(a: np.ndarray) -> "TensorType":
+        return TensorType(tuple(a.shape), dtype_of_array(a))
