@@ -55,7 +55,9 @@ class TargetSpec:
     def tvm(self) -> dict:
         """The TVM target dict for kernels."""
         if self.family == "cuda":
-            return {"kind": "cuda", "arch": self.arch[0], "host": self.host_tvm}
+            # generate code for the oldest SM asked for: nvcc then builds it for every SM in arch
+            oldest = min(self.arch, key=lambda a: int(a[3:]))
+            return {"kind": "cuda", "arch": oldest, "host": self.host_tvm}
         return self.host_tvm
 
 

@@ -209,7 +209,7 @@ class Graph:
 
     def add_const(self, data: np.ndarray, name: str = "const") -> Value:
         """Add a constant (weight). ``name`` is a hint; a unique name is chosen."""
-        data = np.ascontiguousarray(data)
+        data = np.asarray(data, order="C")     # (np.ascontiguousarray would make a 0-d array 1-d)
         v = self._register(Value(self.unique_name(name), TensorType.of(data), data=data))
         self.consts[v.name] = v
         return v

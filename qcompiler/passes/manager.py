@@ -44,8 +44,18 @@ class PassInfo:
 REGISTRY: dict[str, PassInfo] = {}
 
 # The default pipeline of `qcompile`. Passes not registered (yet) are skipped silently only here:
-# a user's explicit --passes must name registered passes.
-DEFAULT_PIPELINE: list[str] = ["const-fold", "dce", "cse", "simplify", "fold-bn", "fuse-act", "dce"]
+# a user's explicit --passes must name registered passes. Every step preserves results (to float
+# rounding); each pass's docstring gives its math and a before/after example.
+#   const-fold  evaluate ops on constants (weight transposes, bias reshapes, shape arithmetic)
+#   simplify    drop Identity/Dropout/no-op reshapes and transposes, x*1, x+0; merge reshape and
+#               transpose chains; recognize the decomposed HardSwish
+#   dce         remove what the two above left unused
+#   cse         merge equal constants and equal ops
+#   fold-bn     fold BatchNormalization and per-channel Mul/Add constants into Conv/Gemm weights
+#               (recording the BN statistics in graph.meta["bn_stats"]), lower the rest to Mul+Add
+#   fuse-act    MatMul+bias -> Gemm; fuse residual adds and activations into FusedConv/FusedGemm
+#   dce         final clean-up
+DEFAULT_PIPELINE: list[str] = ["const-fold", "simplify", "dce", "cse", "fold-bn", "fuse-act", "dce"]
 
 
 def register_pass(name: str, options: type | None = None) -> Callable[[PassFn], PassFn]:

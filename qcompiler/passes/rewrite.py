@@ -40,6 +40,7 @@ class Match:
     root: IROp | None = None
     bound: dict[str, _Any] = field(default_factory=dict)
     why: str = ""
+    ops: list = field(default_factory=list)     # every op the pattern matched, named or not
 
     def __getitem__(self, k: str):
         return self.bound[k]
@@ -124,7 +125,10 @@ class Op(Pattern):
         if self.where is not None and not self.where(op):
             m.why = f"{op.describe()} fails its condition"
             return False
-        return m.bind(self.name, op)
+        if not m.bind(self.name, op):
+            return False
+        m.ops.append(op)
+        return True
 
 
 Rule = tuple[Op, Callable[[Graph, Match], _Any]]
@@ -168,7 +172,7 @@ def rewrite(graph: Graph, rules: Sequence[Rule], *, max_iters: int = 100,
                 if new is None:
                     continue
                 new = [new] if isinstance(new, Value) else list(new)
-                matched_ops = [o for o in m.bound.values() if isinstance(o, IROp)]
+                matched_ops = list(m.ops)
                 graph.replace_op(op, new)
                 _erase_dead(graph, [o for o in matched_ops if o is not op])
                 if trace is not None:

@@ -21,7 +21,7 @@ _X86_CPU_FLAGS = {
                           "znver1", "znver2", "znver3", "x86-64-v3")},
     **{c: _AVX512 for c in ("skylake-avx512", "cannonlake", "x86-64-v4")},
     **{c: _AVX512 + ("avx512_vnni",) for c in ("cascadelake", "cooperlake", "icelake-client",
-                                                "icelake-server", "tigerlake", "sapphirerapids",
+                                                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids",
                                                 "emeraldrapids", "graniterapids", "znver4", "znver5")},
 }
 _ARM_CPU_FLAGS = {c: ("asimd", "asimddp", "asimdhp") for c in (
@@ -115,7 +115,7 @@ def no_cuda_jit():
     name = "tvm_callback_cuda_compile"
     old = tvm_ffi.get_global_func(name, allow_missing=True)
 
-    def _no_jit(code):
+    def _no_jit(*args):
         raise RuntimeError(JIT_REFUSED)
     tvm_ffi.register_global_func(name, _no_jit, override=True)
     try:
@@ -145,7 +145,7 @@ def open_device(manifest: dict[str, Any], device: str | None, where: str):
     _load_cuda_runtime(where)
     dev = tvm.cuda(int(index or 0))
     if not dev.exist:
-        raise UserError(f"this machine has no CUDA device {device}", where,
+        raise UserError(f"this machine has no CUDA device ({kind}:{index or 0})", where,
                         "run the cuda artifact on a machine with an NVIDIA GPU and driver, "
                         "or compile for a CPU target")
     sm = "sm_" + dev.compute_version.replace(".", "")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,11 @@ def sha256_file(path: Path) -> str:
 
 
 def dumps(manifest: dict[str, Any]) -> str:
-    """The canonical text of a manifest (sorted keys, 2-space indent, trailing newline)."""
-    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    """The canonical text of a manifest (sorted keys, 2-space indent, lists of numbers or short
+    strings on one line, trailing newline)."""
+    text = json.dumps(manifest, indent=2, sort_keys=True)
+    return re.sub(r"\[\n\s*((?:-?\d+|\"[^\"\n]{0,40}\")(?:,\n\s*(?:-?\d+|\"[^\"\n]{0,40}\"))*)\n\s*\]",
+                  lambda m: "[" + ", ".join(p.strip() for p in m.group(1).split(",\n")) + "]", text) + "\n"
 
 
 def read_manifest(out_dir: str | Path, *, verify_hash: bool = True) -> dict[str, Any]:

@@ -1,0 +1,176 @@
+"""Write a deployable artifact: ``OUT/model.so`` (Relax VM bytecode, kernels, weights, device code)
+and ``OUT/manifest.json`` (see :mod:`qcompiler.runtime.manifest`).
+
+The write is atomic: everything is built in a hidden folder next to OUT (same filesystem), which
+is renamed to OUT only after it is complete. A failure or a KeyboardInterrupt leaves neither OUT
+nor the temporary folder behind, and an existing OUT is replaced only after success. The output
+is deterministic: the same graph, target and toolchain give a byte-identical ``model.so`` and
+``manifest.json`` (no timestamps; nvcc runs on a fixed file name).
+
+Per target family the library is exported with:
+
+* x86: the host C++ compiler (TVM's default, ``g++``);
+* arm: the cross compiler ``aarch64-linux-gnu-g++`` (``$QCOMPILER_AARCH64_CXX`` overrides, see :mod:`.arm`);
+* cuda: the host compiler, with the fatbin compiled by :mod:`.cuda_aot` embedded.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import UserError
+from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
+from .target import TargetSpec
+
+
+BuildFn = Callable[[Any, TargetSpec], Any]      # (graph, spec) -> tvm.runtime.Executable
+
+
+def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: BuildFn | None = None,
+                   command: Sequence[str] | None = None) -> Path:
+    """Compile ``graph`` for ``spec`` and write the artifact folder ``out_dir``; returns its path.
+
+    ``build`` replaces :func:`qcompiler.codegen.lower.build_module` (tests, custom pipelines).
+    ``command`` (e.g. ``sys.argv``) is recorded in the manifest as ``created_by``."""
+    out = Path(out_dir).absolute()
+    check_destination(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        ex, cuda_info = _compile(graph, spec, build)
+        lib = tmp / LIBRARY
+        export_library(ex, lib, spec, workspace=tmp / "work")
+        if spec.family == "cuda":
+            _check_device_code(lib, cuda_info)
+        manifest = make_manifest(graph, spec, lib, cuda_info, command)
+        (tmp / MANIFEST).write_text(dumps(manifest))
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def check_destination(out: Path) -> None:
+    """Refuse (UserError) an OUT that is a file or a non-empty folder that is not an artifact; the
+    CLI may call this before compiling to fail early."""
+    if out.exists() and not out.is_dir():
+        raise UserError("output path exists and is not a folder", str(out), "choose another --output path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise UserError("output folder exists and is not a qcompiler artifact; refusing to replace it",
+                        str(out), "choose a new or empty folder, or remove this one")
+
+
+def _sweep_stale(out: Path) -> None:
+    """Remove temporary folders next to OUT left by a writer that was killed (SIGKILL, power loss)."""
+    for p in out.parent.glob(f".{out.name}.*-*-*"):
+        kind, _, rest = p.name[len(out.name) + 2:].partition("-")
+        pid = rest.split("-")[0]
+        if kind not in ("tmp", "old") or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass                                 # alive (another user's process): leave it
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` to ``out``; an existing ``out`` is moved aside first and
+    deleted only after the new one is in place (restored if that rename fails)."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _compile(graph, spec: TargetSpec, build: BuildFn | None):
+    if build is None:
+        from .lower import build_module as build
+    if spec.family != "cuda":
+        return build(graph, spec), None
+    import tvm
+    from . import cuda_aot
+    with cuda_aot.device_compile(spec.arch) as info, tvm.target.Target(spec.tvm):
+        ex = build(graph, spec)
+    return ex, info
+
+
+def export_cc(spec: TargetSpec) -> str | None:
+    """The C++ compiler/linker for ``export_library`` (None: TVM's default host compiler)."""
+    if spec.family != "arm":
+        return None
+    from .arm import cross_cxx
+    return cross_cxx()
+
+
+def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
+    """``ex.export_library`` with the right linker for the target family; intermediate files go
+    to ``workspace`` (inside the temporary folder, so an interrupted export leaves nothing)."""
+    cc = export_cc(spec)
+    workspace.mkdir()
+    kwargs = {"cc": cc} if cc else {}
+    ex.export_library(str(path), workspace_dir=str(workspace), **kwargs)
+    shutil.rmtree(workspace)
+
+
+def _check_device_code(lib: Path, info: dict) -> None:
+    """A CUDA artifact must carry compiled device code, never CUDA source to JIT at load time."""
+    from .cuda_aot import fatbin_contents
+    data = lib.read_bytes()
+    if b"extern \"C\" __global__" in data or b"#include <cuda" in data:
+        raise RuntimeError(f"{lib.name} holds CUDA source instead of compiled device code "
+                           "(TVM's CUDA module factory was not used)")
+    if info["kernels"] == 0:
+        return                                   # no kernel ran on the device (all-host graph)
+    found = {arch for kind, arch in fatbin_contents(data) if kind == "sass"}
+    if set(info["sass"]) - found:
+        raise RuntimeError(f"{lib.name}: nvcc compiled {info['kernels']} CUDA module(s) but the library "
+                           f"lacks device code for {sorted(set(info['sass']) - found)}")
+
+
+def io_specs(values) -> list[dict[str, Any]]:
+    return [TensorSpec(v.name, tuple(v.shape), v.dtype).to_json() for v in values]
+
+
+def make_manifest(graph, spec: TargetSpec, lib: Path, cuda_info: dict | None,
+                  command: Sequence[str] | None) -> dict[str, Any]:
+    import tvm
+    import qcompiler
+    tvm_target = spec.tvm
+    host = tvm_target.get("host", tvm_target)
+    m: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "qcompiler_version": qcompiler.__version__,
+        "tvm_version": tvm.__version__,
+        "target": {
+            "family": spec.family,
+            "dtype": spec.dtype,
+            "cpu": host.get("mcpu"),
+            "arch": list(spec.arch) if spec.family == "cuda" else [],
+            "features": list(spec.features),
+            "num_threads": spec.num_threads,
+            "tvm": tvm_target,
+        },
+        "inputs": io_specs(graph.inputs),
+        "outputs": io_specs(graph.outputs),
+        "library": {"file": LIBRARY, "sha256": sha256_file(lib), "bytes": lib.stat().st_size},
+    }
+    if cuda_info is not None:
+        m["cuda"] = {"device_code": "fatbin", **cuda_info}
+    if command is not None:
+        m["created_by"] = [str(c) for c in command]
+    return m

@@ -1,0 +1,1 @@
+"""TE computes of the x86 code generator, written in logical coordinates (see tensor.py)."""

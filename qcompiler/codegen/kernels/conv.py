@@ -1,0 +1,274 @@
+"""Convolutions and pooling in the blocked NCHW{b}c layout.
+
+Conv (any group count whose per-group channel counts admit a block), depthwise conv,
+ConvTranspose, MaxPool/AveragePool and the global pools produce a float32 accumulator in
+NCHW{b}c; bias, residual and activation are left to the kernel's epilogue (a :class:`Lazy` over
+the accumulator) that the x86 schedule fuses into the register-tile write-back.
+
+Weights are re-laid out at compile time:
+
+* conv ``(K, C/g, R, S)`` → ``(K/bo, C/g/bi, R, S, bi, bo)``: the innermost ``bo`` output channels
+  are one vector register, the ``bi`` input channels an unrolled scalar-broadcast loop;
+* depthwise ``(C, 1, R, S)`` → ``(C/b, R, S, b)``;
+* ConvTranspose ``(C, K/g, R, S)`` → ``(C, R, S, K/g)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from .elementwise import activation
+from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, dtype_of
+
+F32 = "float32"
+
+
+def pick_block(n: int, vw: int, allow_small_full: bool = False) -> int:
+    """The channel block: the vector width if it divides ``n``, else the largest power of two
+    that does (or ``n`` itself when ``n`` < vector width and ``allow_small_full``)."""
+    if allow_small_full and n <= vw:
+        return n
+    b = vw
+    while b > 1 and n % b:
+        b //= 2
+    return b
+
+
+def _attrs2d(a, rank=4):
+    s = list(a["strides"] or [1, 1])
+    d = list(a.get("dilations") or [1, 1])
+    p = list(a["pads"] or [0, 0, 0, 0])
+    return s, d, p
+
+
+def pack_input(x: LTensor, bi: int, pads, name: str = "pad", fill=0.0):
+    """x as a padded NCHW{bi}c tensor (a stage named ``name``), or x's own storage when it already is one."""
+    pt, pl, pb, pr = pads
+    if isinstance(x, Buf) and x.block == bi and not any(pads):
+        return x.tensor, False
+    n, c, h, w = x.shape
+    shape = (n, c // bi, h + pt + pb, w + pl + pr, bi)
+
+    def body(i, co, y, xx, ci):
+        v = x.at((i, co * bi + ci, y - pt, xx - pl))
+        if not any(pads):
+            return v
+        return tirx.if_then_else(tirx.all(y >= pt, y < pt + h, xx >= pl, xx < pl + w), v, const(fill, dtype_of(v)))
+    return compute(shape, body, name), True
+
+
+def conv2d(ctx, a, ins, outs):
+    """Conv / FusedConv: returns the epilogue (bias, residual, activation) over the accumulator."""
+    x = ins[0]
+    w = ctx.const_data(1)
+    if w is None:
+        raise NotImplementedError("Conv with a non-constant weight")
+    if x.rank != 4:
+        raise NotImplementedError(f"Conv of rank {x.rank} (only 2-D convolution is lowered)")
+    out_shape = outs[0].shape
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    g = a["group"]
+    kg = k // g
+    (sh, sw), (dh, dw), pads = _attrs2d(a)
+    oh, ow = out_shape[2:]
+    vw = ctx.vw
+    if cg == 1 and kg == 1 and g > 1:
+        b = x.block if x.block and c % x.block == 0 else pick_block(c, vw)
+        P, padded = pack_input(x, b, pads)
+        wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), "w_dw")
+        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+        acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
+            cast(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], F32) * cast(wp[co, rh, rw, ci], F32),
+            axis=[rh, rw]), name="conv")
+        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded)
+        bo = b
+    else:
+        bo = pick_block(kg, vw)
+        if x.block and cg % x.block == 0:
+            bi = x.block
+        else:
+            bi = pick_block(cg, vw, allow_small_full=True)
+        P, padded = pack_input(x, bi, pads)
+        wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), "w_conv")
+        ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
+        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+        per_group = cg // bi
+
+        def body(i, ko, y, xx, ki):
+            base = ((ko * bo) // kg) * per_group if g > 1 else 0
+            return te.sum(cast(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici], F32)
+                          * cast(wp[ko, ico, rh, rw, ici, ki], F32), axis=[ico, rh, rw, ici])
+        acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
+        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded)
+    accb = Buf(acc, out_shape, F32, bo)
+    return [_epilogue(ctx, a, accb, ins, outs)]
+
+
+def _reg_n(ow: int, ctx, bo: int | None = None) -> int:
+    """Output-width register block: the largest divisor of ``ow`` that keeps the accumulators
+    (reg_n x bo/vw vectors) inside the register file (32 zmm on AVX-512, 16 ymm on AVX2)."""
+    regs = 28 if ctx.vw >= 16 else 12
+    if bo is not None and bo > ctx.vw:
+        regs //= bo // ctx.vw
+    best = 1
+    for d in range(1, min(ow, regs) + 1):
+        if ow % d == 0:
+            best = d
+    return best
+
+
+def _epilogue(ctx, a, acc: LTensor, ins, outs) -> LTensor:
+    bias = ins[2] if len(ins) > 2 else None
+    z = ins[3] if len(ins) > 3 else None
+    act, params = a.get("activation", ""), a.get("activation_params", [])
+    if bias is None and z is None and not act:
+        return acc
+
+    def fn(idx):
+        v = acc.at(idx)
+        if bias is not None:
+            v = v + bias.at((idx[1],))
+        if z is not None:
+            v = v + z.at(broadcast_index(idx, z.shape))
+        return activation(act, params, v)
+    return Lazy(acc.shape, outs[0].dtype, fn)
+
+
+def conv_transpose(ctx, a, ins, outs):
+    x = ins[0]
+    w = ctx.const_data(1)
+    if w is None or x.rank != 4:
+        raise NotImplementedError("ConvTranspose needs a constant weight and 2-D spatial input")
+    n, c, h, wd = x.shape
+    _, kg, r, s = w.shape
+    g = a["group"]
+    cg = c // g
+    out_shape = outs[0].shape
+    k, oh, ow = out_shape[1:]
+    (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
+    bo = pick_block(kg, ctx.vw)
+    wt = ctx.param(w.transpose(0, 2, 3, 1), "w_convt")          # (C, R, S, K/g)
+    rc = te.reduce_axis((0, cg), "rc")
+    if dh == 1 and dw == 1:
+        jy, jx = te.reduce_axis((0, -(-r // sh)), "jy"), te.reduce_axis((0, -(-s // sw)), "jx")
+
+        def body(i, ko, y, xx, ki):
+            gi = (ko * bo) // kg
+            ry = (y + pt) % sh + jy * sh
+            rx = (xx + pl) % sw + jx * sw
+            iy = (y + pt) // sh - jy
+            ix = (xx + pl) // sw - jx
+            ok = tirx.all(ry < r, rx < s, iy >= 0, iy < h, ix >= 0, ix < wd)
+            ch = gi * cg + rc
+            v = tirx.if_then_else(ok, x.at((i, ch, iy, ix)) * cast(wt[ch, ry, rx, (ko * bo) % kg + ki], F32),
+                                  const(0.0, F32))
+            return te.sum(v, axis=[rc, jy, jx])
+    else:
+        jy, jx = te.reduce_axis((0, r), "jy"), te.reduce_axis((0, s), "jx")
+
+        def body(i, ko, y, xx, ki):
+            gi = (ko * bo) // kg
+            ty, tx = y + pt - jy * dh, xx + pl - jx * dw
+            iy, ix = ty // sh, tx // sw
+            ok = tirx.all(ty >= 0, tx >= 0, ty % sh == 0, tx % sw == 0, iy < h, ix < wd)
+            ch = gi * cg + rc
+            v = tirx.if_then_else(ok, x.at((i, ch, iy, ix)) * cast(wt[ch, jy, jx, (ko * bo) % kg + ki], F32),
+                                  const(0.0, F32))
+            return te.sum(v, axis=[rc, jy, jx])
+    acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
+    ctx.schedule("conv_transpose", reg_n=_reg_n(ow, ctx), pad=False)
+    return [_epilogue(ctx, a, Buf(acc, out_shape, F32, bo), ins, outs)]
+
+
+# ---- pooling -----------------------------------------------------------------------------------
+def pool(ctx, a, ins, outs, kind: str):
+    x = ins[0]
+    if x.rank != 4:
+        raise NotImplementedError(f"{kind} of rank {x.rank} (only 2-D pooling is lowered)")
+    n, c, h, w = x.shape
+    out_shape = outs[0].shape
+    oh, ow = out_shape[2:]
+    kh, kw = a["kernel_shape"]
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
+    b = x.block or 1
+    rh, rw = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+
+    def src(i, co, y, xx, ci):
+        iy, ix = y * sh - pt + rh * dh, xx * sw - pl + rw * dw
+        ok = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        return ok, x.at((i, co * b + ci, iy, ix))
+
+    if kind == "MaxPool":
+        def body(*p):
+            ok, v = src(*p)
+            return te.max(tirx.if_then_else(ok, v, tirx.min_value(F32)), axis=[rh, rw])
+        acc = compute((n, c // b, oh, ow, b), body, name="pool")
+        res = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
+        ctx.schedule("pool", reg_n=1, pad=False)
+        return [res]
+
+    def body(*p):
+        ok, v = src(*p)
+        return te.sum(tirx.if_then_else(ok, v, const(0.0, F32)), axis=[rh, rw])
+    acc = compute((n, c // b, oh, ow, b), body, name="pool")
+    # the divisor per output position, known at compile time
+    div = np.zeros((oh, ow), np.float32)
+    for y in range(oh):
+        y0 = y * sh - pt
+        y1 = min(y0 + (kh - 1) * dh + 1, h + pb)
+        for xx in range(ow):
+            x0 = xx * sw - pl
+            x1 = min(x0 + (kw - 1) * dw + 1, w + pr)
+            if a["count_include_pad"]:
+                cnt = (y1 - y0) * (x1 - x0)
+            else:
+                cnt = (min(y1, h) - max(y0, 0)) * (min(x1, w) - max(x0, 0))
+            div[y, xx] = 1.0 / max(cnt, 1)
+    accb = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
+    uniform = np.all(div == div.flat[0])
+    ctx.schedule("pool", reg_n=1, pad=False)
+    if uniform:
+        inv = float(div.flat[0])
+        return [Lazy(out_shape, outs[0].dtype, lambda idx: accb.at(idx) * const(inv, F32))]
+    dt = ctx.param(div, "pool_div", keep_dtype=True)
+    return [Lazy(out_shape, outs[0].dtype, lambda idx: accb.at(idx) * dt[idx[2], idx[3]])]
+
+
+def _unblock(acc, shape):
+    """A block-1 NCHW1c accumulator viewed as plain NCHW (same memory order)."""
+    return Buf(acc, shape, F32, 0)
+
+
+def global_pool(ctx, a, ins, outs, kind: str):
+    x = ins[0]
+    if x.rank < 3:
+        raise NotImplementedError(f"{kind} of rank {x.rank}")
+    out_shape = outs[0].shape
+    if x.rank != 4:
+        xs = x.shape
+        red = [te.reduce_axis((0, d), f"r{i}") for i, d in enumerate(xs[2:])]
+        size = float(np.prod(xs[2:]))
+        op = te.max if kind == "GlobalMaxPool" else te.sum
+        acc = compute(xs[:2], lambda i, ch: op(x.at((i, ch, *red)), axis=red), name="pool")
+        ctx.schedule("generic")
+        accb = Buf(acc, out_shape, F32, 0)
+        if kind == "GlobalMaxPool":
+            return [accb]
+        return [Lazy(out_shape, outs[0].dtype, lambda idx: accb.at(idx) * const(1.0 / size, F32))]
+    n, c, h, w = x.shape
+    b = x.block or 1
+    rh, rw = te.reduce_axis((0, h), "rh"), te.reduce_axis((0, w), "rw")
+    if kind == "GlobalMaxPool":
+        acc = compute((n, c // b, 1, 1, b), lambda i, co, y, xx, ci: te.max(
+            x.at((i, co * b + ci, rh, rw)), axis=[rh, rw]), name="pool")
+        scale = None
+    else:
+        acc = compute((n, c // b, 1, 1, b), lambda i, co, y, xx, ci: te.sum(
+            x.at((i, co * b + ci, rh, rw)), axis=[rh, rw]), name="pool")
+        scale = 1.0 / (h * w)
+    ctx.schedule("pool", reg_n=1, pad=False)
+    accb = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
+    if scale is None:
+        return [accb]
+    return [Lazy(out_shape, outs[0].dtype, lambda idx: accb.at(idx) * const(scale, F32))]

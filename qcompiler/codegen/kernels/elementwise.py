@@ -1,0 +1,210 @@
+"""Elementwise ops as :class:`Lazy` expressions (composed into their consumer kernel).
+
+Every builder has the signature ``build(ctx, attrs, ins, out_types) -> list[LTensor]``.
+Arithmetic happens in the compute dtype (float32 for float values, see :mod:`.tensor`).
+"""
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+
+from .tensor import Lazy, LTensor, broadcast_index, cast, compute_dtype, const, dtype_of
+
+
+def _f(x, v):
+    return const(v, dtype_of(x))
+
+
+def activation(name: str, params, x):
+    """The fused activation of FusedConv/FusedGemm (and the standalone ops) on expression ``x``."""
+    if name == "":
+        return x
+    if name == "Relu":
+        return tirx.max(x, _f(x, 0))
+    if name == "Clip":
+        lo, hi = (list(params) + [float("-inf"), float("inf")])[:2]
+        return clip(x, lo, hi)
+    if name == "LeakyRelu":
+        alpha = params[0] if params else 0.01
+        return tirx.Select(x >= _f(x, 0), x, x * _f(x, alpha))
+    if name == "HardSigmoid":
+        alpha, beta = (list(params) + [0.2, 0.5][len(params):])[:2]
+        return clip(x * _f(x, alpha) + _f(x, beta), 0.0, 1.0)
+    if name == "HardSwish":
+        return x * clip(x * _f(x, 1.0 / 6.0) + _f(x, 0.5), 0.0, 1.0)
+    if name == "Sigmoid":
+        return _f(x, 1) / (_f(x, 1) + tirx.exp(-x))
+    if name == "Tanh":
+        return tirx.tanh(x)
+    raise ValueError(f"unknown activation '{name}'")
+
+
+def clip(x, lo, hi):
+    if lo is not None and lo != float("-inf"):
+        x = tirx.max(x, _f(x, lo))
+    if hi is not None and hi != float("inf"):
+        x = tirx.min(x, _f(x, hi))
+    return x
+
+
+def _unary(fn):
+    def build(ctx, a, ins, outs):
+        (x,) = ins
+        return [Lazy(x.shape, outs[0].dtype, lambda idx: fn(x.at(idx), a))]
+    return build
+
+
+def _round(x, a):
+    return tirx.nearbyint(x) if dtype_of(x).startswith("float") else x
+
+
+def _gelu(x, a):
+    if a.get("approximate", "none") == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        return _f(x, 0.5) * x * (_f(x, 1) + tirx.tanh(_f(x, c) * (x + _f(x, 0.044715) * x * x * x)))
+    return _f(x, 0.5) * x * (_f(x, 1) + tirx.erf(x * _f(x, 1 / math.sqrt(2.0))))
+
+
+def _softplus(x, a):
+    # log(1 + exp(x)), stable for large x
+    return tirx.Select(x > _f(x, 20), x, tirx.log(_f(x, 1) + tirx.exp(x)))
+
+
+UNARY = {
+    "Relu": lambda x, a: tirx.max(x, _f(x, 0)),
+    "Sigmoid": lambda x, a: activation("Sigmoid", [], x),
+    "Tanh": lambda x, a: tirx.tanh(x),
+    "Sqrt": lambda x, a: tirx.sqrt(x),
+    "Erf": lambda x, a: tirx.erf(x),
+    "Exp": lambda x, a: tirx.exp(x),
+    "Log": lambda x, a: tirx.log(x),
+    "Neg": lambda x, a: -x,
+    "Abs": lambda x, a: tirx.abs(x),
+    "Reciprocal": lambda x, a: _f(x, 1) / x,
+    "Identity": lambda x, a: x,
+    "Dropout": lambda x, a: x,
+    "HardSwish": lambda x, a: activation("HardSwish", [], x),
+    "Softplus": _softplus,
+    "Floor": lambda x, a: tirx.floor(x) if dtype_of(x).startswith("float") else x,
+    "Ceil": lambda x, a: tirx.ceil(x) if dtype_of(x).startswith("float") else x,
+    "Round": _round,
+    "LeakyRelu": lambda x, a: activation("LeakyRelu", [a["alpha"]], x),
+    "HardSigmoid": lambda x, a: activation("HardSigmoid", [a["alpha"], a["beta"]], x),
+    "Clip": lambda x, a: clip(x, a["min"], a["max"]),
+    "Gelu": _gelu,
+}
+
+
+def _div(x, y):
+    if dtype_of(x).startswith("float"):
+        return x / y
+    return tirx.truncdiv(x, y)
+
+
+def _pow(x, y):
+    return tirx.power(x, y)
+
+
+BINARY = {
+    "Add": lambda x, y: x + y,
+    "Sub": lambda x, y: x - y,
+    "Mul": lambda x, y: x * y,
+    "Div": _div,
+    "Max": lambda x, y: tirx.max(x, y),
+    "Min": lambda x, y: tirx.min(x, y),
+}
+
+
+def _binary(fn):
+    def build(ctx, a, ins, outs):
+        x, y = ins
+        shape = outs[0].shape
+        return [Lazy(shape, outs[0].dtype,
+                     lambda idx: fn(x.at(broadcast_index(idx, x.shape)), y.at(broadcast_index(idx, y.shape))))]
+    return build
+
+
+def _build_pow(ctx, a, ins, outs):
+    x, y = ins
+    shape, dt = outs[0].shape, outs[0].dtype
+    cdt = compute_dtype(dt)
+    exponent = ctx.scalar_value(1)
+    if exponent is not None and float(exponent) in (1.0, 2.0, 3.0, 0.5):
+        e = float(exponent)
+
+        def fn(idx):
+            v = cast(x.at(broadcast_index(idx, x.shape)), cdt)
+            return {1.0: v, 2.0: v * v, 3.0: v * v * v}.get(e, tirx.sqrt(v) if e == 0.5 else v)
+        return [Lazy(shape, dt, fn)]
+    return [Lazy(shape, dt, lambda idx: tirx.power(cast(x.at(broadcast_index(idx, x.shape)), cdt),
+                                                   cast(y.at(broadcast_index(idx, y.shape)), cdt)))]
+
+
+def _build_cast(ctx, a, ins, outs):
+    (x,) = ins
+    to = compute_dtype(outs[0].dtype)
+
+    def fn(idx):
+        v = x.at(idx)
+        if to == "bool":
+            return v != const(0, dtype_of(v))
+        if dtype_of(v).startswith("float") and not to.startswith("float"):
+            v = tirx.trunc(v)          # float -> int casts truncate toward zero (as ONNX / C)
+        return cast(v, to)
+    return [Lazy(outs[0].shape, outs[0].dtype, fn)]
+
+
+def _build_batchnorm(ctx, a, ins, outs):
+    x = ins[0]
+    eps = float(a["epsilon"])
+    data = [ctx.const_data(i) for i in range(1, 5)]
+    c = x.shape[1] if x.rank > 1 else 1
+    if all(d is not None for d in data):
+        import numpy as np
+        g, b, m, v = (np.asarray(d, np.float64) for d in data)
+        scale = g / np.sqrt(v + eps)
+        shift = b - m * scale
+        s_t = ctx.vector(scale.astype(np.float32))
+        h_t = ctx.vector(shift.astype(np.float32))
+        return [Lazy(x.shape, outs[0].dtype, lambda idx: x.at(idx) * s_t.at((idx[1],)) + h_t.at((idx[1],)))]
+    g, b, m, v = ins[1:]
+    del c
+
+    def fn(idx):
+        ch = (idx[1],)
+        xv = x.at(idx)
+        return (xv - m.at(ch)) / tirx.sqrt(v.at(ch) + const(eps, dtype_of(xv))) * g.at(ch) + b.at(ch)
+    return [Lazy(x.shape, outs[0].dtype, fn)]
+
+
+def _build_lrn(ctx, a, ins, outs):
+    """LRN across channels: x / (bias + alpha/size * sum of x^2 over a window of ``size`` channels)^beta."""
+    (x,) = ins
+    size = int(a["size"])
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    alpha, beta, bias = float(a["alpha"]), float(a["beta"]), float(a["bias"])
+    nc = x.shape[1]
+
+    def fn(idx):
+        xv = x.at(idx)
+        acc = None
+        for d in range(-lo, hi + 1):
+            c = idx[1] + d
+            v = x.at((idx[0], c, *idx[2:]))
+            term = tirx.if_then_else(tirx.all(c >= 0, c < nc), v * v, const(0.0, dtype_of(v)))
+            acc = term if acc is None else acc + term
+        base = const(bias, dtype_of(xv)) + const(alpha / size, dtype_of(xv)) * acc
+        return xv / tirx.power(base, const(beta, dtype_of(xv)))
+    return [Lazy(x.shape, outs[0].dtype, fn)]
+
+
+BUILDERS = {k: _unary(f) for k, f in UNARY.items()}
+BUILDERS.update({k: _binary(f) for k, f in BINARY.items()})
+BUILDERS["Pow"] = _build_pow
+BUILDERS["Cast"] = _build_cast
+BUILDERS["BatchNormalization"] = _build_batchnorm
+
+# ops that read their operands at the output index (up to broadcasting): a conv/gemm epilogue
+ELEMENTWISE = frozenset(BUILDERS)
+BUILDERS["LRN"] = _build_lrn          # reads neighbouring channels: fused, but not an epilogue

@@ -1,0 +1,99 @@
+"""Gemm, FusedGemm and MatMul.
+
+With a constant right-hand side (a dense layer) the weight is packed at compile time to
+``(N/bn, K, bn)`` and the accumulator is stored as ``(M, N/bn, bn)`` (the same memory order as
+``(M, N)``), so that the x86 schedule vectorizes over ``bn`` output columns and register-blocks
+rows. A non-constant right-hand side (attention) takes the batched-matmul path.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te
+
+from .conv import pick_block
+from .elementwise import activation
+from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize, unravel
+
+F32 = "float32"
+
+
+def _dense(ctx, a2, k: int, wmat: np.ndarray, name="dense"):
+    """D = a2 @ wmat for a logical (M, K) tensor ``a2`` and a constant (K, N) array."""
+    m = a2.shape[0]
+    n = wmat.shape[1]
+    bn = pick_block(n, ctx.vw)
+    if bn == ctx.vw and n % (2 * bn) == 0 and m <= 2:
+        bn *= 2                    # two vectors per row when there are few rows (more FMA chains)
+    wp = ctx.param(np.ascontiguousarray(wmat.reshape(k, n // bn, bn).transpose(1, 0, 2)), "w_dense")
+    rk = te.reduce_axis((0, k), "rk")
+    d = compute((m, n // bn, bn), lambda i, no, ni: te.sum(
+        a2.at((i, rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
+    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
+    ctx.schedule("dense", mb=mb)
+    return d
+
+
+def gemm(ctx, a, ins, outs):
+    A, B = ins[0], ins[1]
+    C = ins[2] if len(ins) > 2 else None
+    out_shape = outs[0].shape
+    m, n = out_shape
+    if a["transA"]:
+        A = _transposed(A)
+    k = A.shape[1]
+    bdata = ctx.const_data(1)
+    if bdata is not None:
+        wmat = bdata.T if a["transB"] else bdata
+        acc = Buf(_dense(ctx, A, k, np.ascontiguousarray(wmat)), out_shape, F32)
+    else:
+        Bt = _transposed(B) if a["transB"] else B
+        rk = te.reduce_axis((0, k), "rk")
+        d = compute((m, n), lambda i, j: te.sum(A.at((i, rk)) * Bt.at((rk, j)), axis=[rk]), name="matmul")
+        ctx.schedule("matmul")
+        acc = Buf(d, out_shape, F32)
+    alpha, beta = float(a["alpha"]), float(a["beta"])
+    act, params = a.get("activation", ""), a.get("activation_params", [])
+    if C is None and alpha == 1.0 and not act:
+        return [acc]
+
+    def fn(idx):
+        v = acc.at(idx)
+        if alpha != 1.0:
+            v = v * const(alpha, F32)
+        if C is not None:
+            cv = C.at(broadcast_index(idx, C.shape))
+            v = v + (cv * const(beta, F32) if beta != 1.0 else cv)
+        return activation(act, params, v)
+    return [Lazy(out_shape, outs[0].dtype, fn)]
+
+
+def _transposed(x):
+    return Lazy((x.shape[1], x.shape[0]), x.dtype, lambda idx: x.at((idx[1], idx[0])))
+
+
+def matmul(ctx, a, ins, outs):
+    A, B = ins
+    out_shape = outs[0].shape
+    bdata = ctx.const_data(1)
+    if bdata is not None and bdata.ndim == 2 and A.rank >= 2:
+        k = A.shape[-1]
+        mm = int(np.prod(A.shape[:-1]))
+        a2 = A if A.rank == 2 else Lazy((mm, k), A.dtype, lambda idx: A.at(unravel(linearize(idx, (mm, k)), A.shape)))
+        return [Buf(_dense(ctx, a2, k, bdata), out_shape, F32)]
+    # batched: promote 1-D operands, broadcast the batch dimensions
+    a_sh = (1,) + A.shape if A.rank == 1 else A.shape
+    b_sh = B.shape + (1,) if B.rank == 1 else B.shape
+    A2 = A if A.rank > 1 else Lazy(a_sh, A.dtype, lambda idx: A.at((idx[-1],)))
+    B2 = B if B.rank > 1 else Lazy(b_sh, B.dtype, lambda idx: B.at((idx[-2],)))
+    full = tuple(np.broadcast_shapes(a_sh[:-2], b_sh[:-2])) + (a_sh[-2], b_sh[-1])
+    k = a_sh[-1]
+    rk = te.reduce_axis((0, k), "rk")
+
+    def body(*idx):
+        batch, i, j = idx[:-2], idx[-2], idx[-1]
+        ai = broadcast_index(batch, a_sh[:-2]) + (i, rk)
+        bi = broadcast_index(batch, b_sh[:-2]) + (rk, j)
+        return te.sum(A2.at(ai) * B2.at(bi), axis=[rk])
+    d = compute(full, body, name="matmul")
+    ctx.schedule("matmul")
+    return [Buf(d, out_shape, F32)]

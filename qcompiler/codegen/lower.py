@@ -1,0 +1,322 @@
+"""Lower an IR graph to a TVM Relax module of scheduled TIR kernels, and build it.
+
+``lower(graph, spec)`` returns an IRModule whose ``main`` takes the graph inputs and returns its
+outputs (a tuple when there are several), calling one TIR PrimFunc per kernel group
+(:mod:`.fusion`) through ``relax.call_tir``; weights are ``relax.const`` arguments, re-laid out
+at compile time. ``build_module(graph, spec)`` compiles that module with ``tvm.compile``.
+
+Layout decision (x86): image tensors between convolutions are stored blocked, NCHW{b}c, with
+``b`` the target's vector width in floats (16 with AVX-512, 8 with AVX2) or the largest power of
+two dividing the channel count. A conv writes NCHW{b}c; elementwise ops, pooling, resize, pad and
+concat keep the layout of their image input; every other op reads blocked tensors through index
+arithmetic and writes plain row-major. So a conv–BN–activation–pool chain never re-lays out
+activations, the only packing happens where a plain tensor enters a conv (the model input, with
+its small channel count, is packed with ``b = C``), and graph outputs are always plain. Weights
+are packed once, at compile time (see :mod:`.kernels.conv`, :mod:`.kernels.linalg`).
+
+Precision: with ``spec.dtype == "fp16"`` every float activation and weight is stored as float16;
+all arithmetic (conv/gemm accumulation, softmax, reductions, normalization, activations) is done
+in float32, each kernel casting on load and store; model inputs and outputs stay float32.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from ..ir import REGISTRY, Graph, Op, Value
+from .fusion import ANCHORS, Group, plan
+from .kernels import conv as kconv
+from .kernels import elementwise as kelem
+from .kernels import linalg as klin
+from .kernels import reduce as kred
+from .kernels import shape as kshape
+from .kernels.tensor import FLOATS, Buf, Lazy, LTensor, materialize, phys_shape, scalar
+from .schedules import x86 as sched_x86
+from .target import TargetSpec
+
+
+class LoweringError(NotImplementedError):
+    """An op (or attribute combination) this code generator cannot lower; names the op."""
+
+
+ANCHOR_BUILDERS = {
+    "Conv": kconv.conv2d, "FusedConv": kconv.conv2d, "ConvTranspose": kconv.conv_transpose,
+    "MaxPool": lambda c, a, i, o: kconv.pool(c, a, i, o, "MaxPool"),
+    "AveragePool": lambda c, a, i, o: kconv.pool(c, a, i, o, "AveragePool"),
+    "GlobalAveragePool": lambda c, a, i, o: kconv.global_pool(c, a, i, o, "GlobalAveragePool"),
+    "GlobalMaxPool": lambda c, a, i, o: kconv.global_pool(c, a, i, o, "GlobalMaxPool"),
+    "Gemm": klin.gemm, "FusedGemm": klin.gemm, "MatMul": klin.matmul,
+    "Softmax": kred.softmax, "LogSoftmax": lambda c, a, i, o: kred.softmax(c, a, i, o, log=True),
+    "LayerNormalization": kred.layernorm,
+    **{k: (lambda kind: lambda c, a, i, o: kred.reduce(c, a, i, o, kind))(k) for k in kred.REDUCERS},
+}
+LAZY_BUILDERS = {**kelem.BUILDERS, **kshape.BUILDERS}
+
+
+def vector_width(spec: TargetSpec) -> int:
+    """float32 lanes of the widest vector unit of the target CPU."""
+    cpu = (spec.cpu or spec.host_tvm.get("mcpu", "") or "").lower()
+    feats = " ".join(spec.features).lower()
+    if spec.family != "x86":
+        return 4
+    if "-avx512f" in feats:
+        return 8
+    if "+avx512f" in feats:
+        return 16
+    avx512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
+              "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
+              "alderlake-avx512", "x86-64-v4", "knl", "knm")
+    return 16 if any(cpu.startswith(p) for p in avx512) else 8
+
+
+@dataclass
+class Stored:
+    """A value stored in a Relax tensor: its expression, physical shape, storage dtype and block."""
+    expr: relax.Expr
+    phys: tuple[int, ...]
+    dtype: str
+    block: int = 0
+
+
+class KernelCtx:
+    """What a kernel builder may ask for while building one group's PrimFunc."""
+
+    def __init__(self, lowering: "_Lowering", op: Op | None = None):
+        self.low = lowering
+        self.vw = lowering.vw
+        self.op = op
+        self.params: list[tuple[te.Tensor, relax.Expr]] = []
+        self.sched: tuple[str, dict] = ("generic", {})
+        self.block = 0
+
+    # -- for builders ----------------------------------------------------------------------------
+    def const_data(self, i: int) -> np.ndarray | None:
+        ops = self.op.operands
+        return ops[i].data if i < len(ops) and ops[i].is_const else None
+
+    def scalar_value(self, i: int):
+        d = self.const_data(i)
+        return d.reshape(-1)[0].item() if d is not None and d.size == 1 else None
+
+    def param(self, arr: np.ndarray, name: str, keep_dtype: bool = False) -> te.Tensor:
+        """A compile-time tensor argument of the kernel (a relax.const)."""
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "f" and not keep_dtype:
+            arr = arr.astype(self.low.fdtype)
+        elif arr.dtype.kind == "f":
+            arr = arr.astype(np.float32)
+        arr = np.ascontiguousarray(arr.reshape(arr.shape or (1,)))
+        ph = te.placeholder(arr.shape, str(arr.dtype), name=f"{name}{len(self.params)}")
+        self.params.append((ph, relax.const(arr, str(arr.dtype))))
+        return ph
+
+    def vector(self, arr: np.ndarray) -> Buf:
+        return Buf(self.param(arr, "vec"), arr.shape, "float32")
+
+    def schedule(self, kind: str, **params):
+        block = params.pop("block", None)
+        self.sched = (kind, params)
+        if block:
+            self.block = block
+
+    # -- used by the lowering ----------------------------------------------------------------------
+    def operand(self, v: Value) -> LTensor:
+        if v.is_const:
+            if v.data.size == 1 and v.data.dtype.kind in "fiub":
+                return scalar(v.data.reshape(-1)[0].item(), v.dtype, v.shape)
+            return self.low.const_buf(self, v)
+        s = self.low.stored[v]
+        ph = te.placeholder(s.phys, s.dtype, name=f"in{len(self.params)}")
+        self.params.append((ph, s.expr))
+        return Buf(ph, v.shape, v.dtype, s.block)
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, spec: TargetSpec):
+        self.graph, self.spec = graph, spec
+        self.vw = vector_width(spec)
+        self.fdtype = "float16" if spec.dtype == "fp16" else "float32"
+        self.stored: dict[Value, Stored] = {}
+        self.outputs = {id(v) for v in graph.outputs}
+        self.consts: dict[tuple[int, str], relax.Expr] = {}
+        self.kernels: list[str] = []
+
+    def storage_dtype(self, v: Value) -> str:
+        if v.dtype in FLOATS and id(v) not in self.outputs:
+            return self.fdtype
+        return v.dtype
+
+    def const_buf(self, ctx: KernelCtx, v: Value) -> Buf:
+        dt = self.fdtype if v.dtype in FLOATS else v.dtype
+        key = (id(v), dt)
+        if key not in self.consts:
+            arr = np.ascontiguousarray(v.data.astype(dt).reshape(v.shape or (1,)))
+            self.consts[key] = relax.const(arr, str(arr.dtype))
+        ph = te.placeholder(v.shape or (1,), dt, name=f"c{len(ctx.params)}")
+        ctx.params.append((ph, self.consts[key]))
+        return Buf(ph, v.shape, v.dtype)
+
+    # -- one group -> one PrimFunc ------------------------------------------------------------------
+    def emit_group(self, bb: relax.BlockBuilder, g: Group, order: dict[Op, int]) -> None:
+        members = g.members_in_order(order)
+        root = g.root
+        sdt = self.storage_dtype(root)
+        alias = self._alias(members, root, sdt)
+        if alias is not None:
+            self.stored[root] = alias
+            return
+        env: dict[Value, LTensor] = {}
+        ctx = KernelCtx(self)
+        member_set = set(members)
+        for op in members:
+            ctx.op = op
+            ins = []
+            for v in op.operands:
+                if v not in env:
+                    env[v] = ctx.operand(v) if (v.producer not in member_set) else None
+                if env[v] is None:
+                    raise LoweringError(f"internal: operand %{v.name} of {op.describe()} not built yet")
+                ins.append(env[v])
+            attrs = {**REGISTRY[op.kind].defaults, **op.attrs} if op.kind in REGISTRY else dict(op.attrs)
+            builder = ANCHOR_BUILDERS.get(op.kind) if op.kind in ANCHORS else LAZY_BUILDERS.get(op.kind)
+            if builder is None:
+                raise LoweringError(f"x86 codegen cannot lower op kind '{op.kind}' ({op.describe()})")
+            try:
+                outs = builder(ctx, attrs, ins, [r.type for r in op.results])
+            except NotImplementedError as e:
+                raise LoweringError(f"{op.describe()}: {e}") from None
+            for r, t in zip(op.results, outs):
+                env[r] = t
+            if op.kind in ANCHORS:
+                acc = outs[0]
+                ctx.block = getattr(acc, "block", 0) or ctx.block
+                ctx.anchor_acc = acc
+        val = env[root]
+        block = self._root_block(g, ctx, root)
+        acc = getattr(ctx, "anchor_acc", None)
+        if (isinstance(val, Buf) and val is acc and val.block == block and val.tensor.dtype == sdt
+                and not isinstance(val.tensor.op, te.PlaceholderOp)):
+            out = val.tensor
+            phys = val.phys_shape
+        else:
+            use_acc_shape = (isinstance(acc, Buf) and acc.block == 0 and block == 0 and acc.shape == root.shape
+                             and not isinstance(acc.tensor.op, te.PlaceholderOp))
+            if use_acc_shape:
+                phys = acc.phys_shape
+                view = Buf(te.placeholder(phys, sdt), root.shape, root.dtype)  # only for index mapping
+                out = te.compute(phys, _phys_body(val, view, sdt), name="out")
+            else:
+                out = materialize(val, block, sdt, "out")
+                phys = tuple(int(d) for d in out.shape)
+        func = te.create_prim_func([p for p, _ in ctx.params] + [out])
+        kind, params = ctx.sched
+        func = sched_x86.apply(func, kind, params, self.vw)
+        name = f"k{len(self.kernels)}_{(g.anchor or root.producer).kind.lower()}"
+        self.kernels.append(name)
+        gv = bb.add_func(func.without_attr("global_symbol"), name)
+        call = relax.call_tir(gv, [e for _, e in ctx.params], relax.TensorType(phys, sdt))
+        self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, block)
+
+    def _alias(self, members, root: Value, sdt: str) -> Stored | None:
+        """A chain of reshapes over a stored plain tensor of the same dtype is that tensor."""
+        if not members or any(op.kind not in kshape.RESHAPES for op in members):
+            return None
+        src = members[0].operands[0]
+        if src not in self.stored or id(root) in self.outputs:
+            return None
+        s = self.stored[src]
+        if s.block or s.dtype != sdt:
+            return None
+        chain = src
+        for op in members:
+            if op.operands[0] is not chain:
+                return None
+            chain = op.result
+        return s if chain is root else None
+
+    def _root_block(self, g: Group, ctx: KernelCtx, root: Value) -> int:
+        if id(root) in self.outputs or len(root.shape) != 4:
+            return 0
+        if g.anchor is not None and ctx.block and root.shape[1] % ctx.block == 0 \
+                and g.anchor.results[0].shape == root.shape:
+            return ctx.block
+        for op in g.ops:
+            for v in op.operands:
+                s = self.stored.get(v)
+                if s is not None and s.block and len(v.shape) == 4 and root.shape[1] % s.block == 0:
+                    return s.block
+        return 0
+
+    # -- the whole graph ------------------------------------------------------------------------------
+    def run(self) -> tvm.IRModule:
+        graph = self.graph
+        order = {op: i for i, op in enumerate(graph.ops)}
+        groups = plan(graph)
+        bb = relax.BlockBuilder()
+        params = [relax.Var(_hint(v.name), relax.TensorType(v.shape, v.dtype)) for v in graph.inputs]
+        for v, p in zip(graph.inputs, params):
+            self.stored[v] = Stored(p, v.shape or (1,), v.dtype) if v.shape else Stored(p, (), v.dtype)
+        with bb.function("main", params):
+            with bb.dataflow():
+                for g in groups:
+                    self.emit_group(bb, g, order)
+                outs = [self._output(bb, v) for v in graph.outputs]
+                res = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+            bb.emit_func_output(res)
+        return bb.get()
+
+    def _output(self, bb, v: Value) -> relax.Expr:
+        if v.is_const:
+            return relax.const(np.ascontiguousarray(v.data), str(v.data.dtype))
+        s = self.stored[v]
+        e = s.expr
+        if s.dtype != v.dtype:
+            e = bb.emit(relax.op.astype(e, v.dtype))
+        if tuple(s.phys) != tuple(v.shape):
+            e = bb.emit(relax.op.reshape(e, v.shape))
+        return e
+
+
+def _phys_body(val: LTensor, view: Buf, sdt: str):
+    from .kernels.tensor import cast, simplified
+    return simplified(view.phys_shape, lambda *p: cast(val.at(_logical(view, p)), sdt))
+
+
+def _logical(view: Buf, p) -> tuple:
+    from .kernels.tensor import linearize, unravel
+    return unravel(linearize(p, view.phys_shape), view.shape)
+
+
+def _hint(name: str) -> str:
+    s = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    return s if s and not s[0].isdigit() else "v" + s
+
+
+def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
+    """The Relax module for ``graph`` on ``spec`` (x86: scheduled TIR kernels)."""
+    if spec.family != "x86":
+        raise LoweringError(f"lower() handles the x86 target; got '{spec.family}'")
+    if spec.dtype not in ("fp32", "fp16"):
+        raise LoweringError(f"x86 lowering supports --dtype fp32 and fp16, not {spec.dtype}")
+    return _Lowering(graph, spec).run()
+
+
+def build_module(graph: Graph, spec: TargetSpec) -> tvm.runtime.Executable:
+    """lower() + tvm.compile for ``spec.tvm``: the executable the artifact writer exports."""
+    mod = lower(graph, spec)
+    return tvm.compile(mod, target=tvm.target.Target(spec.tvm))
+
+
+def compile_timed(graph: Graph, spec: TargetSpec) -> tuple[tvm.runtime.Executable, dict]:
+    """build_module with the time spent lowering+scheduling and in tvm.compile (seconds)."""
+    t0 = time.perf_counter()
+    mod = lower(graph, spec)
+    t1 = time.perf_counter()
+    ex = tvm.compile(mod, target=tvm.target.Target(spec.tvm))
+    t2 = time.perf_counter()
+    return ex, {"lower_s": t1 - t0, "compile_s": t2 - t1, "kernels": sum(
+        1 for gv in mod.functions if isinstance(mod[gv], tvm.tirx.PrimFunc))}

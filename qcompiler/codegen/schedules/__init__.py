@@ -1,0 +1,1 @@
+"""Hand-written TIR schedules per target."""

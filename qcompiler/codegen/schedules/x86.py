@@ -1,0 +1,263 @@
+"""Hand-written x86 schedules (``s_tir.Schedule``) for the kernels of :mod:`..kernels`.
+
+The kernel builder names the schedule (``ctx.schedule(kind, **params)``) and its blocks
+(``pad``, ``conv``, ``pool``, ``dense``, ``matmul``, ``rmax``/``rsum``/``rmean``/``rvar``/``reduce``
+and the kernel's output ``out``), so every rule knows the loop nest it gets:
+
+* ``conv2d`` / ``depthwise`` / ``conv_transpose`` / ``pool``: NCHW{b}c direct convolution in the
+  style of TVM's x86 ``conv2d_NCHWc``: the loop nest is (n·ko·y) parallel, then output-width
+  tiles of ``reg_n`` columns; inside a tile the reduction runs over (input-channel blocks, kernel
+  rows, kernel columns, input channels) with ``reg_n × b`` accumulators in registers
+  (``cache_write`` to ``local``), the ``b`` output channels being one vector. The epilogue
+  (bias, residual, activation, cast) is inlined into the register write-back.
+* ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
+* ``matmul``: batched, rows parallel, columns vectorized.
+* ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
+* ``generic``: inline injective stages; parallel outer loop, vectorized inner loop.
+
+Every rule falls back to ``generic`` if a primitive refuses (a shape the rule did not foresee).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import tvm
+from tvm import s_tir
+
+log = logging.getLogger(__name__)
+STRICT = os.environ.get("QC_STRICT_SCHEDULE") == "1"
+MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than this many outputs
+
+
+def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int) -> tvm.tirx.PrimFunc:
+    """Schedule ``func`` with rule ``kind``; returns the scheduled PrimFunc marked as such."""
+    rule = RULES.get(kind, generic)
+    sch = s_tir.Schedule(func)
+    try:
+        rule(sch, vw=vw, **params)
+    except Exception as e:  # noqa: BLE001 - any refusal falls back to the generic rule
+        if STRICT and rule is not generic:
+            raise
+        log.debug("schedule rule %s failed (%s); using the generic rule", kind, e)
+        sch = s_tir.Schedule(func)
+        try:
+            generic(sch, vw=vw)
+        except Exception:  # noqa: BLE001
+            if STRICT:
+                raise
+            sch = s_tir.Schedule(func)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _block(sch, name):
+    try:
+        return sch.get_sblock(name)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _is_reduction(sch, blk) -> bool:
+    return any(int(iv.iter_type) == 2 for iv in sch.get(blk).iter_vars)
+
+
+def _spatial_nest(sch, blk, vw: int, parallel: bool = True):
+    """Fuse the loops of a spatial block, vectorize the innermost run of ``vw`` and parallelize the rest."""
+    loops = sch.get_loops(blk)
+    if not loops:
+        return
+    total = 1
+    for lp in loops:
+        total *= _extent(sch, lp)
+    last = _extent(sch, loops[-1])
+    if last % vw == 0 or last <= 4 * vw and last >= vw // 2:
+        inner = loops[-1]
+        if last % vw == 0 and last > vw:
+            outer_last, inner = sch.split(loops[-1], [None, vw])
+            outer = list(loops[:-1]) + [outer_last]
+        else:
+            outer = list(loops[:-1])
+        sch.vectorize(inner)
+    else:
+        outer = list(loops)
+    if parallel and outer and total >= MIN_PARALLEL:
+        f = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        sch.parallel(f)
+
+
+def _inline_spatial(sch, keep=()):
+    """compute_inline every non-output spatial block (e.g. an unpadded pack stage)."""
+    for blk in sch.get_child_blocks(sch.get_sblock("root")) if _block(sch, "root") else []:
+        name = sch.get(blk).name_hint
+        if name in keep or _is_reduction(sch, blk):
+            continue
+        try:
+            sch.compute_inline(blk)
+        except Exception:  # noqa: BLE001 - the output block, or one read twice: leave it
+            pass
+
+
+def _vectorize_inner(sch, blk, depth: int):
+    """Vectorize the innermost loop of ``blk`` below its first ``depth`` loops (the ones it was
+    computed at), if it has one with more than one iteration."""
+    loops = sch.get_loops(blk)[depth:]
+    if loops and _extent(sch, loops[-1]) > 1:
+        sch.vectorize(loops[-1])
+
+
+def _output_block(sch, candidates):
+    for name in candidates:
+        b = _block(sch, name)
+        if b is not None:
+            return b, name
+    return None, None
+
+
+# ---- NCHWc register-blocked reductions ----------------------------------------------------------
+def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_last_red: bool):
+    """Shared by conv2d, depthwise, conv_transpose and pool: block ``name`` has loops
+    (n, ko, y, x, ki, *red) with ``n_red`` reduction loops."""
+    blk = sch.get_sblock(name)
+    loops = sch.get_loops(blk)
+    n, ko, y, x, ki = loops[:5]
+    red = loops[5:5 + n_red]
+    xo, xi = sch.split(x, [None, reg_n])
+    sch.reorder(n, ko, y, xo, *red, xi, ki)
+    par = sch.fuse(n, ko, y)
+    sch.parallel(par)
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
+    out = _block(sch, "out")
+    if out is not None:
+        try:
+            sch.reverse_compute_inline(out)
+        except Exception:  # noqa: BLE001 - a differently laid-out output: its own loop nest
+            _spatial_nest(sch, out, vw)
+    _vectorize_inner(sch, acc, 2)
+    sch.vectorize(ki)
+    sch.unroll(xi)
+    if unroll_last_red and _extent(sch, red[-1]) <= 16:
+        sch.unroll(red[-1])
+    init = sch.decompose_reduction(blk, red[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    if pad:
+        p = sch.get_sblock("pad")
+        pl = sch.get_loops(p)
+        sch.parallel(sch.fuse(*pl[:3]))
+        if _extent(sch, pl[-1]) > 1:
+            sch.vectorize(pl[-1])
+
+
+def conv2d(sch, vw, reg_n, pad):
+    _nchwc(sch, "conv", vw, reg_n, pad, n_red=4, unroll_last_red=True)
+
+
+def depthwise(sch, vw, reg_n, pad):
+    _nchwc(sch, "conv", vw, reg_n, pad, n_red=2, unroll_last_red=False)
+
+
+def conv_transpose(sch, vw, reg_n, pad):
+    _nchwc(sch, "conv", vw, reg_n, pad, n_red=3, unroll_last_red=False)
+
+
+def pool(sch, vw, reg_n, pad):
+    _nchwc(sch, "pool", vw, 1, False, n_red=2, unroll_last_red=False)
+
+
+def dense(sch, vw, mb):
+    blk = sch.get_sblock("dense")
+    i, no, ni, rk = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, mb])
+    sch.reorder(io, no, rk, ii, ni)
+    par = sch.fuse(io, no)
+    if _extent(sch, par) > 1:
+        sch.parallel(par)
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
+    out = _block(sch, "out")
+    if out is not None:
+        try:
+            sch.reverse_compute_inline(out)
+        except Exception:  # noqa: BLE001
+            _spatial_nest(sch, out, vw)
+    _vectorize_inner(sch, acc, 1)
+    sch.vectorize(ni)
+    sch.unroll(ii)
+    init = sch.decompose_reduction(blk, rk)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def matmul(sch, vw):
+    blk = sch.get_sblock("matmul")
+    loops = sch.get_loops(blk)
+    *spatial, j, rk = loops
+    nj = _extent(sch, j)
+    b = vw if nj % vw == 0 else (nj if nj <= vw else 1)
+    rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if _extent(sch, rows) > 1:
+        sch.parallel(rows)
+    if b > 1:
+        jo, ji = sch.split(j, [None, b])
+        sch.reorder(rows, jo, rk, ji)
+        acc = sch.cache_write(blk, 0, "local")
+        sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)
+        _vectorize_inner(sch, acc, 2)
+        sch.vectorize(ji)
+        init = sch.decompose_reduction(blk, rk)
+        sch.vectorize(sch.get_loops(init)[-1])
+    out = _block(sch, "out")
+    if out is not None:
+        _spatial_nest(sch, out, vw)
+
+
+def rowwise(sch, vw, rows):
+    """Reductions over trailing axes, computed per output row inside the parallel row loop."""
+    out, _ = _output_block(sch, ["out"])
+    if out is None:
+        raise ValueError("rowwise: no output block")
+    loops = sch.get_loops(out)
+    if rows == 0 or rows > len(loops):
+        raise ValueError("rowwise: no row loops")
+    r = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+    for name in ("reduce", "rvar", "rsum", "rmean", "rmax"):
+        b = _block(sch, name)
+        if b is not None:
+            sch.compute_at(b, r, preserve_unit_loops=True)
+    cols = sch.get_loops(out)[1:]
+    if cols:
+        c = sch.fuse(*cols) if len(cols) > 1 else cols[0]
+        ext = _extent(sch, c)
+        if ext % vw == 0:
+            _, ci = sch.split(c, [None, vw])
+            sch.vectorize(ci)
+    if _extent(sch, r) > 1:
+        sch.parallel(r)
+
+
+def generic(sch, vw, **_):
+    _inline_spatial(sch, keep=("out",))
+    root = sch.get_sblock("root")
+    for blk in sch.get_child_blocks(root):
+        if _is_reduction(sch, blk):
+            loops = sch.get_loops(blk)
+            nsp = sum(1 for iv in sch.get(blk).iter_vars if int(iv.iter_type) == 0)
+            sp = loops[:nsp]
+            if sp:
+                total = 1
+                for lp in sp:
+                    total *= _extent(sch, lp)
+                if total > 1:
+                    f = sch.fuse(*sp) if len(sp) > 1 else sp[0]
+                    if total >= 64:
+                        sch.parallel(f)
+        else:
+            _spatial_nest(sch, blk, vw)
+
+
+RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
+         "dense": dense, "matmul": matmul, "rowwise": rowwise, "generic": generic}

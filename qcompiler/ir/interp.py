@@ -1,0 +1,208 @@
+"""A small numpy reference evaluator for the simple op kinds, one op at a time.
+
+``evaluate(op, arrays)`` computes an op's results from numpy arrays for its operands, following
+ONNX semantics with the IR's normalized attributes (see :mod:`.ops`). It covers elementwise math
+and activations, shape ops (Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Slice,
+Gather, Expand, Pad, Cast), reductions, Softmax, MatMul, Gemm and BatchNormalization: what
+constant folding meets on weights and shape arithmetic. Convolutions and pooling are not here;
+whole-model execution goes through onnxruntime.
+
+    >>> evaluate(op, [np.ones((2, 3), np.float32)])   # op: %y = Transpose(%x) {perm = [1, 0]}
+    [array of shape (3, 2)]
+
+Results keep numpy's dtype for the operands' dtypes; callers that need the IR type exactly
+(const-fold) cast to the result's declared dtype.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .graph import Op
+from .ops import REGISTRY
+from .types import np_dtype
+
+Kernel = Callable[[list, dict], list]
+KERNELS: dict[str, Kernel] = {}
+
+
+class EvalError(ValueError):
+    """The op kind has no numpy kernel, or the kernel rejected its inputs."""
+
+
+def kernel(*kinds: str):
+    def deco(fn: Kernel) -> Kernel:
+        for k in kinds:
+            KERNELS[k] = fn
+        return fn
+    return deco
+
+
+def can_evaluate(kind: str) -> bool:
+    return kind in KERNELS
+
+
+def evaluate(op: Op, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate ``op`` on numpy ``arrays`` (one per operand); returns one array per result."""
+    fn = KERNELS.get(op.kind)
+    if fn is None:
+        raise EvalError(f"{op.describe()}: no numpy kernel for op kind '{op.kind}'")
+    attrs = {**(REGISTRY[op.kind].defaults if op.kind in REGISTRY else {}), **op.attrs}
+    out = fn([np.asarray(a) for a in arrays], attrs)
+    return [np.asarray(o) for o in out]
+
+
+def _u(f):
+    return lambda xs, a: [f(xs[0])]
+
+
+def _sigmoid(x):
+    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(x.dtype)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+# -- elementwise ---------------------------------------------------------------------------------
+kernel("Identity", "Dropout")(_u(lambda x: x))
+kernel("Relu")(_u(lambda x: np.maximum(x, np.zeros((), x.dtype))))
+kernel("Sigmoid")(_u(_sigmoid))
+for _k, _f in {"Tanh": np.tanh, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative,
+               "Abs": np.abs, "Floor": np.floor, "Ceil": np.ceil, "Round": np.round}.items():
+    kernel(_k)(_u(_f))
+kernel("Reciprocal")(_u(lambda x: (np.ones((), x.dtype) / x).astype(x.dtype)))
+kernel("Erf")(_u(lambda x: _erf(x).astype(x.dtype)))
+kernel("Softplus")(_u(lambda x: np.logaddexp(0, x.astype(np.float64)).astype(x.dtype)))
+kernel("HardSwish")(_u(lambda x: x * np.clip(x / 6 + 0.5, 0, 1).astype(x.dtype)))
+kernel("LeakyRelu")(lambda xs, a: [np.where(xs[0] >= 0, xs[0], xs[0] * a["alpha"]).astype(xs[0].dtype)])
+kernel("HardSigmoid")(lambda xs, a: [np.clip(xs[0] * a["alpha"] + a["beta"], 0, 1).astype(xs[0].dtype)])
+kernel("Clip")(lambda xs, a: [np.clip(xs[0], a["min"], a["max"]).astype(xs[0].dtype)])
+
+
+@kernel("Gelu")
+def _gelu(xs, a):
+    x = xs[0].astype(np.float64)
+    if a["approximate"] == "tanh":
+        y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    else:
+        y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+    return [y.astype(xs[0].dtype)]
+
+
+@kernel("Div")
+def _div(xs, a):
+    x, y = xs
+    if x.dtype.kind in "iu":      # ONNX integer division truncates toward zero
+        return [np.trunc(x.astype(np.float64) / y).astype(x.dtype)]
+    return [np.divide(x, y)]
+
+
+for _k, _f in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum,
+               "Min": np.minimum}.items():
+    kernel(_k)(lambda xs, a, _f=_f: [_f(xs[0], xs[1])])
+kernel("Pow")(lambda xs, a: [np.power(xs[0], xs[1].astype(xs[0].dtype)).astype(xs[0].dtype)])
+kernel("Cast")(lambda xs, a: [xs[0].astype(np_dtype(a["to"]))])
+
+
+def _softmax(x, axis, log=False):
+    x64 = x.astype(np.float64)
+    z = x64 - x64.max(axis=axis, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    return (z - lse if log else np.exp(z - lse)).astype(x.dtype)
+
+
+kernel("Softmax")(lambda xs, a: [_softmax(xs[0], a["axis"])])
+kernel("LogSoftmax")(lambda xs, a: [_softmax(xs[0], a["axis"], log=True)])
+
+
+# -- shape ops -----------------------------------------------------------------------------------
+kernel("Reshape")(lambda xs, a: [xs[0].reshape(a["shape"])])
+kernel("Squeeze")(lambda xs, a: [np.squeeze(xs[0], axis=tuple(a["axes"]))])
+kernel("Transpose")(lambda xs, a: [np.transpose(xs[0], a["perm"])])
+kernel("Concat")(lambda xs, a: [np.concatenate(xs, axis=a["axis"])])
+kernel("Expand")(lambda xs, a: [np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, tuple(a["shape"]))).copy()])
+
+
+@kernel("Flatten")
+def _flatten(xs, a):
+    x = xs[0]
+    ax = a["axis"] % (x.ndim + 1) if x.ndim else 0
+    return [x.reshape(int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:])))]
+
+
+@kernel("Unsqueeze")
+def _unsqueeze(xs, a):
+    x = xs[0]
+    r = x.ndim + len(a["axes"])
+    return [np.expand_dims(x, tuple(sorted(ax % r for ax in a["axes"])))]
+
+
+@kernel("Split")
+def _split(xs, a):
+    x = xs[0]
+    cuts = np.cumsum(a["split"])[:-1]
+    return np.split(x, cuts, axis=a["axis"])
+
+
+@kernel("Slice")
+def _slice(xs, a):
+    x = xs[0]
+    idx = [slice(None)] * x.ndim
+    steps = a["steps"] or [1] * len(a["starts"])
+    for st, en, ax, sp in zip(a["starts"], a["ends"], a["axes"], steps):
+        idx[ax % x.ndim] = slice(*slice(st, en, sp).indices(x.shape[ax % x.ndim]))
+    return [x[tuple(idx)]]
+
+
+@kernel("Gather")
+def _gather(xs, a):
+    x, idx = xs
+    ax = a["axis"] % x.ndim
+    idx = np.where(idx < 0, idx + x.shape[ax], idx)
+    return [np.take(x, idx, axis=ax)]
+
+
+@kernel("Pad")
+def _pad(xs, a):
+    x, p = xs[0], a["pads"]
+    r = x.ndim
+    # negative pads crop
+    crop = tuple(slice(max(-p[i], 0), x.shape[i] - max(-p[i + r], 0)) for i in range(r))
+    x = x[crop]
+    width = [(max(p[i], 0), max(p[i + r], 0)) for i in range(r)]
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]]
+    kw = {"constant_values": a["value"]} if mode == "constant" else {}
+    return [np.pad(x, width, mode=mode, **kw)]
+
+
+# -- reductions and linear algebra ---------------------------------------------------------------
+def _reduce(f):
+    def k(xs, a):
+        x = xs[0]
+        axes = tuple(range(x.ndim)) if not a["axes"] else tuple(ax % x.ndim for ax in a["axes"])
+        return [np.asarray(f(x, axis=axes, keepdims=bool(a["keepdims"]))).astype(x.dtype)]
+    return k
+
+
+for _k, _f in {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}.items():
+    kernel(_k)(_reduce(_f))
+kernel("MatMul")(lambda xs, a: [np.matmul(xs[0], xs[1])])
+
+
+@kernel("Gemm")
+def _gemm(xs, a):
+    A = xs[0].T if a["transA"] else xs[0]
+    B = xs[1].T if a["transB"] else xs[1]
+    y = a["alpha"] * (A @ B)
+    if len(xs) == 3:
+        y = y + a["beta"] * xs[2]
+    return [y.astype(xs[0].dtype)]
+
+
+@kernel("BatchNormalization")
+def _batchnorm(xs, a):
+    x, gamma, beta, mean, var = xs
+    sh = (1, -1) + (1,) * (x.ndim - 2)
+    s = gamma / np.sqrt(var + np.asarray(a["epsilon"], var.dtype))
+    return [(x * s.reshape(sh) + (beta - mean * s).reshape(sh)).astype(x.dtype)]

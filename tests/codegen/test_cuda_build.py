@@ -1,0 +1,160 @@
+"""CUDA artifacts built on a GPU-less host carry compiled device code (fatbin), never CUDA source.
+
+Needs nvcc (skipped otherwise). The last test needs a CUDA device (marked gpu, skipped otherwise).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qcompiler.codegen import cuda_aot
+from qcompiler.codegen.artifact import write_artifact
+from qcompiler.codegen.target import TargetSpec
+
+REPO = Path(__file__).resolve().parents[2]
+NVCC = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
+pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found: install the CUDA toolkit to build CUDA artifacts")
+SOURCE_MARKERS = (b"__global__", b"extern \"C\"", b"#include <cuda")   # (launch tags like "threadIdx.x" are metadata)
+
+
+def _cuda_device_present() -> bool:
+    code = ("import ctypes; l = ctypes.CDLL('libcuda.so.1'); n = ctypes.c_int(0); "
+            "print(int(l.cuInit(0) == 0 and l.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return r.stdout.strip() == "1"
+
+
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    from conftest import _relax_build, tiny_graph
+    out = tmp_path_factory.mktemp("cuda") / "OUT"
+    return write_artifact(tiny_graph(), TargetSpec("cuda", arch=("sm_90",)), out, build=_relax_build)
+
+
+def test_sm90_artifact_holds_a_fatbin_not_source(sm90):
+    data = (sm90 / "model.so").read_bytes()
+    assert ("sass", "sm_90") in cuda_aot.fatbin_contents(data)
+    assert not [m for m in SOURCE_MARKERS if m in data], "CUDA source embedded in the library"
+    m = json.loads((sm90 / "manifest.json").read_text())
+    assert m["target"]["family"] == "cuda" and m["target"]["arch"] == ["sm_90"]
+    assert m["cuda"]["device_code"] == "fatbin" and m["cuda"]["sass"] == ["sm_90"] and m["cuda"]["kernels"] >= 1
+
+
+def test_several_archs_and_determinism(tmp_path, tiny):
+    spec = TargetSpec("cuda", arch=("sm_87", "sm_90"))
+    a = write_artifact(tiny.graph(), spec, tmp_path / "a", build=tiny.build)
+    b = write_artifact(tiny.graph(), spec, tmp_path / "b", build=tiny.build)
+    assert sorted(cuda_aot.fatbin_contents((a / "model.so").read_bytes())) == \
+        [("ptx", "compute_90"), ("sass", "sm_87"), ("sass", "sm_90")]
+    for name in ("model.so", "manifest.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+LOAD_WITHOUT_JIT = """
+    import ctypes, sys
+    ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)   # stub driver: lets libtvm_runtime_cuda load here
+    import tvm, tvm_ffi
+    from qcompiler.runtime.device import _load_cuda_runtime
+    _load_cuda_runtime("test")
+    calls = []
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", lambda *a: calls.append(a) or bytearray(),
+                                 override=True)
+    lib = tvm.runtime.load_module(sys.argv[1] + "/model.so")
+    kinds = []
+    def walk(m):
+        kinds.append(m.kind)
+        for i in m.imports: walk(i)
+    walk(lib)
+    maps = open("/proc/self/maps").read()
+    assert tvm.base._RUNTIME_ONLY and "libtvm_compiler" not in maps, "compiler loaded"
+    assert "cuda" in kinds, kinds
+    assert not calls, "CUDA source was compiled at load time"
+    print("LOADED WITHOUT JIT", kinds)
+"""
+
+
+def test_runtime_only_load_needs_no_jit(sm90):
+    """Runtime-only TVM (no compiler, JIT callback counting calls) deserializes the device module."""
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_WITHOUT_JIT), str(sm90),
+                        str(cuda_aot.stub_library())], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "LOADED WITHOUT JIT" in r.stdout, r.stdout + r.stderr
+
+
+BUILD_SOURCE_ARTIFACT = """
+    import sys
+    from conftest import _relax_build, tiny_graph
+    from qcompiler.codegen.target import TargetSpec
+    _relax_build(tiny_graph(), TargetSpec("cuda", arch=("sm_90",))).export_library(sys.argv[1])
+"""
+LOAD_REFUSED = """
+    import ctypes, sys
+    ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
+    import tvm
+    from qcompiler.runtime.device import JIT_REFUSED, _load_cuda_runtime, no_cuda_jit
+    _load_cuda_runtime("test")
+    try:
+        with no_cuda_jit():
+            tvm.runtime.load_module(sys.argv[1])
+    except Exception as e:
+        assert JIT_REFUSED in str(e), e
+        print("REFUSED")
+"""
+
+
+def test_a_source_artifact_is_refused_at_load(tmp_path):
+    """Without qcompiler's CUDA setup TVM embeds CUDA source; the runtime refuses to JIT it."""
+    probe = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("a CUDA driver is present: TVM would not fall back to embedding source")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    lib = tmp_path / "source.so"
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(BUILD_SOURCE_ARTIFACT), str(lib)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert b"extern \"C\" __global__" in lib.read_bytes() and not cuda_aot.fatbin_contents(lib.read_bytes())
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_REFUSED), str(lib), str(cuda_aot.stub_library())],
+                       capture_output=True, text=True, env={**env, "TVM_USE_RUNTIME_LIB": "1"}, timeout=120)
+    assert "REFUSED" in r.stdout, r.stdout + r.stderr
+
+
+def test_real_lowering_for_cuda(tmp_path, tiny):
+    lower = pytest.importorskip("qcompiler.codegen.lower", reason="the lowering (codegen/lower.py) is not there yet")
+    try:
+        out = write_artifact(tiny.graph(), TargetSpec("cuda", arch=("sm_90",)), tmp_path / "OUT")
+    except lower.LoweringError as e:
+        if "cuda" in str(e):
+            pytest.skip(f"the lowering does not handle cuda yet: {e}")
+        raise
+    assert ("sass", "sm_90") in cuda_aot.fatbin_contents((out / "model.so").read_bytes())
+
+
+RUN_ON_GPU = """
+    import sys, numpy as np
+    from qcompiler.runtime import load
+    model = load(sys.argv[1])
+    (y,) = model(np.load(sys.argv[2]))
+    np.save(sys.argv[3], y)
+    print("RAN ON", model.device)
+"""
+
+
+@pytest.mark.gpu
+def test_runs_on_the_gpu_in_runtime_only_mode(sm90, tmp_path, tiny):
+    if not _cuda_device_present():
+        pytest.skip("no CUDA device on this machine")
+    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(RUN_ON_GPU), str(sm90), str(tmp_path / "x.npy"),
+                        str(tmp_path / "y.npy")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "RAN ON cuda" in r.stdout, r.stdout + r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), tiny.reference(tiny.graph(), x), rtol=1e-5, atol=1e-5)
