@@ -114,7 +114,7 @@ class Preprocess:
                     hw = [int(v) for v in val.lower().split("x")]
                     kw["resize"] = hw[0] if len(hw) == 1 else (hw[0], hw[1])
                 elif key in ("mean", "std"):
-                    kw[key] = tuple(float(v) for v in val.replace("/", ":").split(":"))
+                    kw[key] = tuple(float(v) for v in val.split(":"))
                 elif key == "scale":
                     num, _, den = val.partition("/")
                     kw["scale"] = float(num) / (float(den) if den else 1.0)

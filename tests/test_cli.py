@@ -1,0 +1,170 @@
+"""The qcompile command line: commands work on real models, and every bad input is one line on
+stderr with exit code 2 — no traceback, no output written, nothing the user gave modified."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import realmodels as rm
+from qcompiler.cli import main
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "frontend"))
+from test_bad_inputs import CASES, bad  # noqa: E402  (the importer's corpus of bad models)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cls_model():
+    m = next((m for m in rm.rapidocr_models() if m.name == "rapidocr-cls"), None)
+    if m is None:
+        pytest.skip("rapidocr-onnxruntime is not installed (scripts/setup.sh installs it)")
+    return m
+
+
+CLS_SHAPE = ["--input-shape", "x=1x3x48x192"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def sha(path):
+    if os.path.isdir(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def materialize(tmp_path, src):
+    if isinstance(src, onnx.ModelProto):
+        p = tmp_path / "model.onnx"
+        p.write_bytes(src.SerializeToString())
+        return str(p)
+    return src
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_bad_model_is_one_line_and_exit_2(tmp_path, capsys, case):
+    src, shapes = bad(tmp_path, case)
+    path = materialize(tmp_path, src)
+    before = sha(path) if os.path.exists(path) else None
+    out = tmp_path / "out.onnx"
+    argv = ["convert", path, "-o", str(out)]
+    for name, shape in (shapes or {}).items():
+        argv += ["--input-shape", f"{name}=" + "x".join(map(str, shape))]
+    code, _, err = run(capsys, *argv)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len([l for l in lines if "warning" not in l]) == 1 and lines[-1].startswith("qcompile: error: "), err
+    assert "Traceback" not in err
+    assert not out.exists()
+    if before is not None:
+        assert sha(path) == before
+
+
+CLI_CASES = {   # argv (MODEL and TMP substituted) -> what the message must say
+    "bad --input-shape syntax": (["inspect", "MODEL", "--input-shape", "x:1x3"], "bad --input-shape 'x:1x3'"),
+    "--input-shape with letters": (["inspect", "MODEL", "--input-shape", "x=1xAx48x192"], "bad --input-shape"),
+    "unwritable output folder": (["convert", "MODEL", "-o", "/proc/qc/out.onnx"], "does not exist"),
+    "output is a folder": (["convert", "MODEL", "-o", "TMP"], "output is a directory"),
+    "output overwrites input": (["convert", "MODEL", "-o", "MODEL"], "would overwrite the input model"),
+    "unknown pass": (["inspect", "MODEL", "--passes", "fold-bn,make-it-fast"], "unknown pass 'make-it-fast'"),
+    "missing plugin": (["inspect", "MODEL", "--plugin", "TMP/nope.py"], "plugin file not found"),
+    "unknown target": (["MODEL", "--target", "tpu", "-o", "TMP/a"], "invalid choice: 'tpu'"),
+    "bad cuda arch": (["MODEL", "--target", "cuda", "--arch", "ampere", "-o", "TMP/a"], "bad CUDA arch 'ampere'"),
+    "missing model": (["inspect", "TMP/none.onnx"], "model file not found"),
+    "no arguments to run": (["run", "TMP"], "the following arguments are required: --input"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, case):
+    model = cls_model().source
+    argv, msg = CLI_CASES[case]
+    argv = [a.replace("MODEL", model).replace("TMP", str(tmp_path)) for a in argv]
+    if "--input-shape" not in argv and argv[0] != "run":
+        argv += CLS_SHAPE
+    before = sha(model)
+    code, _, err = run(capsys, *argv)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
+    assert sha(model) == before
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_crashing_plugin_is_one_line(tmp_path, capsys):
+    plugin = tmp_path / "bad_plugin.py"
+    plugin.write_text("raise RuntimeError('oops')\n")
+    code, _, err = run(capsys, "inspect", cls_model().source, "--plugin", str(plugin), *CLS_SHAPE)
+    assert code == 2 and err.count("\n") == 1 and "failed to load: RuntimeError: oops" in err
+
+
+def test_no_traceback_from_a_real_process(tmp_path):
+    """The installed entry point, in a real process: one line, exit 2."""
+    p = tmp_path / "garbage.onnx"
+    p.write_bytes(b"\x00\x01garbage")
+    r = subprocess.run([sys.executable, "-m", "qcompiler.cli", "inspect", str(p)], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_inspect_shows_histogram_and_params_before_and_after(capsys):
+    code, out, _ = run(capsys, "inspect", cls_model().source, "--passes", "default", "--no-ir", *CLS_SHAPE)
+    assert code == 0
+    row = next(l for l in out.splitlines() if l.strip().startswith("BatchNormalization"))
+    assert row.split()[1:] == ["35", "0"]
+    assert "params:" in out and "elements" in out
+
+
+def test_inspect_prints_the_ir_and_a_json_summary(capsys):
+    code, out, _ = run(capsys, "inspect", cls_model().source, "--json", *CLS_SHAPE)
+    assert code == 0
+    import json
+    info = json.loads(out)
+    assert info["ops_before"]["BatchNormalization"] == 35 and info["params"] > 0
+    code, out, _ = run(capsys, "inspect", cls_model().source, *CLS_SHAPE)
+    text = out[:out.index("\nmodel:")]
+    assert text.startswith("graph @") and "= Conv(" in text and "blob<" in text
+
+
+def test_convert_round_trip_matches_onnxruntime(tmp_path, capsys):
+    m = cls_model()
+    out = tmp_path / "cls.onnx"
+    code, _, err = run(capsys, "convert", m.source, "-o", str(out), "--passes", "none", *CLS_SHAPE)
+    assert code == 0, err
+    feeds = m.feeds(0)
+    ref = rm.ort_run(m.source, feeds)[0]
+    got = rm.ort_run(str(out), feeds)[0]
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_custom_pass_plugin_runs_from_the_cli(tmp_path, capsys):
+    m = cls_model()
+    out = tmp_path / "cls_clip.onnx"
+    plugin = os.path.join(ROOT, "examples", "custom_pass.py")
+    code, _, err = run(capsys, "convert", m.source, "-o", str(out), "--plugin", plugin,
+                       "--passes", "hardsigmoid-to-clip", *CLS_SHAPE)
+    assert code == 0, err
+    kinds = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "HardSigmoid" not in kinds and "Clip" in kinds
+    feeds = m.feeds(0)
+    ref = rm.ort_run(m.source, feeds)[0]
+    got = rm.ort_run(str(out), feeds)[0]
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for cmd in ("inspect", "convert", "run", "compile", "--target"):
+        assert cmd in out
