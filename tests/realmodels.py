@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import glob
 import importlib.util
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te
 
 from ..ir import REGISTRY, Graph, Op, Value
@@ -105,10 +106,8 @@ class KernelCtx:
     def param(self, arr: np.ndarray, name: str, keep_dtype: bool = False) -> te.Tensor:
         """A compile-time tensor argument of the kernel (a relax.const)."""
         arr = np.asarray(arr)
-        if arr.dtype.kind == "f" and not keep_dtype:
-            arr = arr.astype(self.low.fdtype)
-        elif arr.dtype.kind == "f":
-            arr = arr.astype(np.float32)
+        if arr.dtype.kind == "f":
+            arr = arr.astype(self.low.float_storage(arr, keep_dtype))
         arr = np.ascontiguousarray(arr.reshape(arr.shape or (1,)))
         ph = te.placeholder(arr.shape, str(arr.dtype), name=f"{name}{len(self.params)}")
         self.params.append((ph, relax.const(arr, str(arr.dtype))))
@@ -144,14 +143,21 @@ class _Lowering:
         self.outputs = {id(v) for v in graph.outputs}
         self.consts: dict[tuple[int, str], relax.Expr] = {}
         self.kernels: list[str] = []
+        self.cache: dict[int, list] = {}
 
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
             return self.fdtype
         return v.dtype
 
+    def float_storage(self, arr: np.ndarray, keep_fp32: bool = False) -> str:
+        """fp16 for weights (when compiling for fp16) unless they do not fit its range."""
+        if self.fdtype == "float32" or keep_fp32 or arr.size == 0:
+            return "float32"
+        return "float16" if float(np.abs(arr).max()) < 60000.0 else "float32"
+
     def const_buf(self, ctx: KernelCtx, v: Value) -> Buf:
-        dt = self.fdtype if v.dtype in FLOATS else v.dtype
+        dt = self.float_storage(v.data) if v.dtype in FLOATS else v.dtype
         key = (id(v), dt)
         if key not in self.consts:
             arr = np.ascontiguousarray(v.data.astype(dt).reshape(v.shape or (1,)))
@@ -214,12 +220,24 @@ class _Lowering:
                 phys = tuple(int(d) for d in out.shape)
         func = te.create_prim_func([p for p, _ in ctx.params] + [out])
         kind, params = ctx.sched
-        func = sched_x86.apply(func, kind, params, self.vw)
-        name = f"k{len(self.kernels)}_{(g.anchor or root.producer).kind.lower()}"
-        self.kernels.append(name)
-        gv = bb.add_func(func.without_attr("global_symbol"), name)
+        gv = self._add_kernel(bb, func, ctx.sched, (g.anchor or root.producer).kind.lower())
         call = relax.call_tir(gv, [e for _, e in ctx.params], relax.TensorType(phys, sdt))
         self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, block)
+
+    def _add_kernel(self, bb: relax.BlockBuilder, func, sched, hint: str) -> relax.GlobalVar:
+        """Schedule ``func`` and add it to the module, reusing an identical kernel (same
+        computation and shapes: weights are arguments) scheduled before."""
+        key = tvm_ffi.structural_hash(func)
+        for other, gv in self.cache.get(key, []):
+            if tvm_ffi.structural_equal(other, func):
+                return gv
+        kind, params = sched
+        scheduled = sched_x86.apply(func, kind, params, self.vw)
+        name = f"k{len(self.kernels)}_{hint}"
+        self.kernels.append(name)
+        gv = bb.add_func(scheduled.without_attr("global_symbol"), name)
+        self.cache.setdefault(key, []).append((func, gv))
+        return gv
 
     def _alias(self, members, root: Value, sdt: str) -> Stored | None:
         """A chain of reshapes over a stored plain tensor of the same dtype is that tensor."""

@@ -57,7 +57,8 @@ def import_onnx(src: "str | os.PathLike | onnx.ModelProto",
     b.run(nodes)
     b.g.outputs = [b.val(o.name) for o in model.graph.output]
     b.g.meta["opset"] = b.opset
-    b.g.meta["producer"] = " ".join(x for x in (model.producer_name, model.producer_version) if x)
+    b.g.meta["producer"] = model.producer_name
+    b.g.meta["producer_version"] = model.producer_version
     b.g.verify()
     return b.g
 
@@ -108,6 +109,7 @@ def _input_types(model, inits, input_shapes, where) -> list[tuple[str, TensorTyp
             declared = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
         if v.name in given:
             shape = given[v.name]
+            shape = tuple(shape) if isinstance(shape, (tuple, list, np.ndarray)) else (shape,)
             if not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
                 raise UserError(f"bad --input-shape {_fmt_shape(shape)}: dims must be positive integers", w,
                                 "e.g. --input-shape x=1x3x224x224")

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .types import TensorType
+from .types import QuantParams, TensorType
 
 
 class IRError(Exception):
@@ -192,6 +192,15 @@ class Graph:
         if v.is_const:
             self.consts = {(new_name if k == old else k): c for k, c in self.consts.items()}
 
+    def rename_op(self, op: "Op", new_name: str) -> None:
+        """Give ``op`` the (unused) name ``new_name``; e.g. a replacement op keeps the name of the op
+        it replaced."""
+        if new_name != op.name and new_name in self._op_names:
+            raise IRError(f"cannot rename {op.describe()} to '{new_name}': name taken")
+        self._op_names.discard(op.name)
+        op.name = new_name
+        self._op_names.add(new_name)
+
     def value(self, name: str) -> Value:
         try:
             return self._names[name]
@@ -207,10 +216,16 @@ class Graph:
         self.inputs.append(v)
         return v
 
-    def add_const(self, data: np.ndarray, name: str = "const") -> Value:
-        """Add a constant (weight). ``name`` is a hint; a unique name is chosen."""
+    def add_const(self, data: np.ndarray, name: str = "const", quant: "QuantParams | None" = None) -> Value:
+        """Add a constant (weight). ``name`` is a hint; a unique name is chosen. With ``quant``
+        the constant has a quantized type (``data`` holds the stored integers, dtype = storage)."""
         data = np.asarray(data, order="C")     # (np.ascontiguousarray would make a 0-d array 1-d)
-        v = self._register(Value(self.unique_name(name), TensorType.of(data), data=data))
+        t = TensorType.of(data)
+        if quant is not None:
+            if data.dtype != np.dtype(quant.storage):
+                raise IRError(f"constant '{name}': data is {data.dtype}, its quantized type stores {quant.storage}")
+            t = t.with_quant(quant)
+        v = self._register(Value(self.unique_name(name), t, data=data))
         self.consts[v.name] = v
         return v
 

@@ -28,6 +28,7 @@ class OpDef:
     defaults: dict[str, Any] = field(default_factory=dict)
     num_operands: tuple[int, int] = (1, 1)        # (min, max)
     doc: str = ""
+    quantized_result: bool = False                # results must have a quantized type (verifier)
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -38,8 +39,8 @@ class InferError(ValueError):
 
 
 def register_op(kind: str, infer: InferFn | None, defaults: dict | None = None,
-                num_operands: tuple[int, int] = (1, 1), doc: str = "") -> OpDef:
-    d = OpDef(kind, infer, dict(defaults or {}), num_operands, doc)
+                num_operands: tuple[int, int] = (1, 1), doc: str = "", quantized_result: bool = False) -> OpDef:
+    d = OpDef(kind, infer, dict(defaults or {}), num_operands, doc, quantized_result)
     REGISTRY[kind] = d
     return d
 
@@ -394,3 +395,132 @@ register_op("FusedConv", _fused_conv, {"strides": None, "dilations": None, "pads
 register_op("FusedGemm", _fused_gemm, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0,
                                        "activation": "", "activation_params": []}, (2, 3),
             doc="activation(Gemm(A, B, C))")
+
+
+# ---- quantized ops (made by the quantize pass; see qcompiler.passes.quantize) -----------------
+# QuantizeLinear takes its scale/zero point from its RESULT type, DequantizeLinear from its OPERAND
+# type. The integer-only ops compute in int32 and requantize with fixed-point ``multiplier``/``shift``
+# lists (qcompiler.quant.requant):  q_out = clamp(z_out + rrs(acc * m, s), lo, hi)  with
+#   QLinearConv(xq, wq[, bq])   acc = sum (xq - z_x) * wq + bq       (wq symmetric: z_w = 0), m/s per
+#   QLinearGemm(aq, wq[, bq])   acc = sum_k (aq[i,k] - z_a) * wq[j,k] + bq[j]   output channel or one
+#                               (wq is N x K: weight rows are output channels, like Gemm transB=1)
+#   QLinearAdd(aq, bq)          q = clamp(z_out + rrs((aq-z_a)*m_a + (bq-z_b)*m_b, s)), multiplier [m_a, m_b], shift [s]
+#   QLinearGlobalAveragePool(xq), QLinearAveragePool(xq)   acc = window sum of (xq - z_x), M = s_x / (s_out * count)
+#   Requantize(q)               acc = q - z_in, M = s_in / s_out
+# ``activation`` "" | "Relu" | "Clip" (with ``activation_params`` [min, max]) narrows the clamp range
+# [lo, hi] (qcompiler.quant.requant.activation_clamp). Results carry their quant params in their type.
+QUANT_ACTIVATIONS = ("", "Relu", "Clip")
+
+
+def _quant_operand(kind: str, t: TensorType, what: str, *, per_tensor: bool = True) -> None:
+    if t.quant is None:
+        raise InferError(f"{kind} {what} must have a quantized type, got {t}")
+    if per_tensor and t.quant.per_channel:
+        raise InferError(f"{kind} {what} must be quantized per tensor, got {t}")
+
+
+def _requant_attrs(kind: str, a: dict, channels: int, *, act: bool = True) -> None:
+    m, s = a["multiplier"], a["shift"]
+    if not m or not s:
+        raise InferError(f"{kind} needs 'multiplier' and 'shift' attributes")
+    if len(s) not in (1, len(m)) or (channels and len(m) not in (1, channels)):
+        raise InferError(f"{kind}: {len(m)} multipliers / {len(s)} shifts for {channels} output channels")
+    if any(not 0 <= int(x) < 2 ** 31 for x in m) or any(not 0 <= int(x) <= 63 for x in s):
+        raise InferError(f"{kind}: multipliers must lie in [0, 2^31) and shifts in [0, 63]")
+    if act and a["activation"] not in QUANT_ACTIVATIONS:
+        raise InferError(f"{kind}: activation '{a['activation']}' cannot fold into the output clamp "
+                         f"(known: Relu, Clip)")
+
+
+def _quantize_linear(ts, a):
+    if ts[0].quant is not None or ts[0].dtype not in ("float32", "float16", "float64", "bfloat16"):
+        raise InferError(f"QuantizeLinear operand must be float, got {ts[0]}")
+    return [TensorType(ts[0].shape, "uint8")]      # storage and params: the result type
+
+
+def _dequantize_linear(ts, a):
+    _quant_operand("DequantizeLinear", ts[0], "operand", per_tensor=False)
+    return [TensorType(ts[0].shape, ts[0].quant.expressed)]
+
+
+def _check_weight_bias(kind: str, ts, channels: int) -> None:
+    x, w = ts[0], ts[1]
+    _quant_operand(kind, x, "input")
+    _quant_operand(kind, w, "weight", per_tensor=False)
+    if w.quant.per_channel and w.quant.axis % w.rank != 0:
+        raise InferError(f"{kind} weight must be quantized per tensor or along axis 0, got axis {w.quant.axis}")
+    if any(z != 0 for z in w.quant.zero_point):
+        raise InferError(f"{kind} weight must be quantized symmetrically (zero point 0)")
+    if len(ts) == 3:
+        b = ts[2]
+        _quant_operand(kind, b, "bias", per_tensor=False)
+        if b.dtype != "int32" or any(z != 0 for z in b.quant.zero_point) or b.shape != (channels,):
+            raise InferError(f"{kind} bias must be int32 of shape ({channels},) with zero point 0, got {b}")
+        sx = np.float32(x.quant.scale[0])
+        want = [float(sx * np.float32(s)) for s in w.quant.scale]
+        got = list(b.quant.scale)
+        if len(got) != len(want) or not np.allclose(got, want, rtol=1e-6, atol=0):
+            raise InferError(f"{kind} bias scale must be input scale x weight scale")
+
+
+def _qlinear_conv(ts, a):
+    _check_weight_bias("QLinearConv", ts, ts[1].shape[0])
+    _requant_attrs("QLinearConv", a, ts[1].shape[0])
+    out = _conv([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
+    return [TensorType(out.shape, ts[0].dtype)]
+
+
+def _qlinear_gemm(ts, a):
+    A, W = ts[0], ts[1]
+    if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
+        raise InferError(f"QLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
+    _check_weight_bias("QLinearGemm", ts, W.shape[0])
+    _requant_attrs("QLinearGemm", a, W.shape[0])
+    return [TensorType((A.shape[0], W.shape[0]), A.dtype)]
+
+
+def _qlinear_add(ts, a):
+    for i, t in enumerate(ts):
+        _quant_operand("QLinearAdd", t, f"operand {i}")
+    _requant_attrs("QLinearAdd", a, 0)
+    if len(a["multiplier"]) != 2 or len(a["shift"]) != 1:
+        raise InferError("QLinearAdd takes multiplier [m_a, m_b] and one shared shift")
+    return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), ts[0].dtype)]
+
+
+def _qlinear_pool(kind, base):
+    def infer(ts, a):
+        _quant_operand(kind, ts[0], "input")
+        _requant_attrs(kind, a, 1, act=False)
+        if kind == "QLinearAveragePool" and any(a["pads"] or []) and not a["count_include_pad"]:
+            raise InferError("QLinearAveragePool needs a constant window count: no pads or count_include_pad = 1")
+        if kind == "QLinearAveragePool" and a["ceil_mode"]:
+            raise InferError("QLinearAveragePool needs ceil_mode = 0 (a constant window count)")
+        return [TensorType(base(ts, a)[0].shape, ts[0].dtype)]
+    return infer
+
+
+def _requantize(ts, a):
+    _quant_operand("Requantize", ts[0], "operand")
+    _requant_attrs("Requantize", a, 1, act=False)
+    return [TensorType(ts[0].shape, ts[0].dtype)]
+
+
+_RQ = {"multiplier": None, "shift": None}
+_ACT = {"activation": "", "activation_params": []}
+register_op("QuantizeLinear", _quantize_linear, quantized_result=True,
+            doc="q = saturate(round_half_even(x / scale) + zero_point); params in the result type")
+register_op("DequantizeLinear", _dequantize_linear, doc="x = (q - zero_point) * scale; params in the operand type")
+register_op("QLinearConv", _qlinear_conv, {"strides": None, "dilations": None, "pads": None, "group": 1,
+                                           **_ACT, **_RQ}, (2, 3), quantized_result=True,
+            doc="int8 conv: xq, wq[, bq int32]; fixed-point requantization")
+register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ}, (2, 3), quantized_result=True,
+            doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization")
+register_op("QLinearAdd", _qlinear_add, {**_ACT, **_RQ}, (2, 2), quantized_result=True,
+            doc="both operands rescaled to the output scale with one shared shift")
+register_op("QLinearGlobalAveragePool", _qlinear_pool("QLinearGlobalAveragePool", _global_pool), _RQ,
+            quantized_result=True, doc="integer sum over the spatial axes, requantized")
+register_op("QLinearAveragePool", _qlinear_pool("QLinearAveragePool", _pool),
+            {"kernel_shape": None, "strides": None, "pads": None, "ceil_mode": 0, "count_include_pad": 0, **_RQ},
+            quantized_result=True, doc="integer window sum, requantized (constant window count)")
+register_op("Requantize", _requantize, _RQ, quantized_result=True, doc="q_out = requant(q - z_in): change params")

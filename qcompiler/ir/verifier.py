@@ -65,6 +65,10 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
             if r.name in names and err(f"{where}: value name %{r.name} defined twice"):
                 return errs
             names.add(r.name)
+            d = REGISTRY.get(op.kind)
+            if d is not None and d.quantized_result and r.type.quant is None and err(
+                    f"{where}: result %{r.name} must have a quantized type, got {r.type}"):
+                return errs
             if r.type.quant is not None:
                 msg = r.type.quant.check_shape(r.type.shape)
                 if msg and err(f"{where}: result %{r.name}: {msg}"):

@@ -3,9 +3,9 @@ line naming the problem (the CLI prints it and exits 2)."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -217,7 +217,6 @@ def test_bad_input_is_a_one_line_user_error(tmp_path, case):
     msg = str(e.value)
     assert "\n" not in msg and msg.strip() == msg
     assert e.value.fix, f"{case}: no fix given"
-    import re
     assert re.search(CASES[case], msg), f"{case}: {msg}"
 
 

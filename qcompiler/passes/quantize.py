@@ -1,0 +1,451 @@
+"""``quantize``: post-training static quantization to integer-only ops.
+
+Runs after the default pipeline (BatchNorm folded, activations fused into FusedConv/FusedGemm);
+not part of it. Activations become asymmetric uint8 (or int8), weights symmetric int8 per output
+channel (or per tensor), biases int32. A real value r is stored as q with r = s (q - z), so a conv
+
+    y[o] = Σ x * w[o] + b[o]  ≈  s_x s_w[o] (Σ (x_q - z_x) w_q[o] + b_q[o]) = s_x s_w[o] acc[o]
+    y_q[o] = z_y + M[o] acc[o],   M[o] = s_x s_w[o] / s_y   (fixed point: qcompiler.quant.requant)
+
+with b_q = round(b / (s_x s_w[o])) in int32. Steps:
+
+1. prepare: what an integer kernel cannot fuse is split off: FusedConv(X, W, B, Z) becomes
+   FusedConv(X, W, B) -> Add(., Z) -> activation, and activations other than Relu/Clip
+   (HardSwish, Sigmoid, LeakyRelu, ...) become standalone ops that stay float.
+2. plan, in topological order (``keep_float`` names or kinds stay float):
+
+   ===============================================  =========================================
+   float op                                         becomes
+   ===============================================  =========================================
+   Conv, FusedConv (act "", Relu, Clip), const W/B  QLinearConv (rank-4 input)
+   Gemm, FusedGemm, MatMul with const W             QLinearGemm (2-D input, transA = 0, bias
+                                                    with N elements; W stored N x K)
+   Add                                              QLinearAdd, when an operand is quantized
+   Relu, Clip after a QLinear op (single use)       folded into its output clamp
+   GlobalAveragePool / AveragePool                  QLinear... (input quantized; constant count)
+   MaxPool, GlobalMaxPool, Reshape, Flatten,        the same op on the quantized value, with the
+   Transpose, Squeeze, Unsqueeze, Slice, Pad,       input's params (Pad pads with the zero point)
+   Relu, Clip
+   Concat                                           Concat of quantized values sharing the output's
+                                                    params (Requantize where an input differs and
+                                                    its producer cannot emit them directly)
+   anything else (Softmax, Sigmoid, HardSwish...)   float, DequantizeLinear before it and
+                                                    QuantizeLinear after it where needed
+   ===============================================  =========================================
+
+3. calibrate: one :func:`~qcompiler.quant.calibrate.collect_ranges` pass of the float graph over
+   the data, for every value whose range sets params (QLinear outputs, Concat outputs, float values
+   entering quantized ops); ``ranges`` given in the options take precedence.
+4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range.
+
+Before (ranges given: x in [-1, 1], y in [0, 3])::
+
+    graph @g(%x: tensor<1x4xf32>) {
+      %w = const dense<[[0.5, -1.0, 0.25, 0.0], [1.0, 0.5, -0.5, 0.25]]> : tensor<2x4xf32>
+      %y = FusedGemm(%x, %w) {activation = "Relu", ..., transB = 1} : tensor<1x2xf32>
+      return %y
+    }
+
+After::
+
+    graph @g(%x: tensor<1x4xf32>) {
+      %w_q = const dense<[[64, -127, 32, 0], [127, 64, -64, 32]]> : tensor<2x4x!quant.uniform<i8:f32:0, {0.007874016:0, 0.007874016:0}>>
+      %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007843138:128>>
+      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [...], shift = [...]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
+      %y = DequantizeLinear(%y_q) : tensor<1x2xf32>
+      return %y
+    }
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.graph import Graph, Op, Value
+from ..ir.ops import QUANT_ACTIVATIONS, REGISTRY
+from ..ir.types import QuantParams
+from ..quant import qparams as qpm
+from ..quant.observers import Method
+from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
+from ._common import is_output, make_activation, pass_options, single_use
+from .manager import PassContext, register_pass
+
+CONVS = ("Conv", "FusedConv")
+GEMMS = ("Gemm", "FusedGemm", "MatMul")
+KEEP_PARAMS = ("MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+               "Slice", "Pad", "Relu", "Clip", "Identity")
+FOLDS_ACTIVATION = ("QLinearConv", "QLinearGemm", "QLinearAdd")
+QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearGemm", "QLinearAdd",
+               "QLinearGlobalAveragePool", "QLinearAveragePool", "Requantize")
+
+
+@dataclass
+class QuantizeOptions:
+    method: str = "minmax"                 # range observer: minmax, percentile, entropy, mse
+    percentile: float = 99.99              # for method = percentile
+    per_channel: bool = True               # int8 weights: one scale per output channel, else per tensor
+    calib: Any = None                      # calibration feeds (a quant.data.Dataset); None: random, warned
+    activation_dtype: str = "uint8"        # uint8 or int8 (asymmetric either way)
+    keep_float: frozenset = frozenset()    # op names or op kinds that stay float
+    ranges: dict = field(default_factory=dict)   # value name -> (lo, hi): given ranges win over calibration
+    random_samples: int = 16               # feeds of random data when calib is None
+
+    def __post_init__(self):
+        known = [m.value for m in Method]
+        if str(getattr(self.method, "value", self.method)) not in known:
+            _bad("method", self.method, known)
+        self.method = Method(self.method).value
+        if self.activation_dtype not in ("uint8", "int8"):
+            _bad("activation_dtype", self.activation_dtype, ["uint8", "int8"])
+        if not 0 < self.percentile <= 100:
+            raise UserError(f"percentile {self.percentile} outside (0, 100]", "quantize options",
+                            "give e.g. 99.99")
+        self.keep_float = frozenset(self.keep_float)
+
+
+def _bad(name, got, known):
+    raise UserError(f"unknown {name} '{got}'", "quantize options", f"known: {', '.join(known)}")
+
+
+# ---- 1. prepare ---------------------------------------------------------------------------------
+def _kept_float(op: Op, opts: QuantizeOptions) -> bool:
+    return op.kind in opts.keep_float or op.name in opts.keep_float
+
+
+def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
+    """Split residual adds and non-foldable activations off FusedConv/FusedGemm."""
+    for op in graph.ops:
+        if op.kind not in ("FusedConv", "FusedGemm") or _kept_float(op, opts) or _decline(op) is not None:
+            continue
+        act, params = op.attrs.get("activation", ""), list(op.attrs.get("activation_params") or [])
+        z = op.operands[3] if len(op.operands) == 4 else None
+        if z is None and act in QUANT_ACTIVATIONS:
+            continue
+        r, name = op.result, op.name
+        keep = act if z is None and act in QUANT_ACTIVATIONS else ""
+        base = graph.create_op(op.kind, op.operands[:3], {**op.attrs, "activation": keep, "activation_params":
+                               params if keep else []}, result_types=[r.type], name=name + "_base",
+                               result_names=[r.name + "_acc"], before=op)
+        last = base.result
+        if z is not None:
+            last = graph.create_op("Add", [last, z], name=name + "_add", result_names=[r.name + "_add"],
+                                   before=op).result
+        if act and not keep:
+            last = make_activation(graph, act, params, last, name=name + "_" + act.lower(), before=op).result
+        graph.replace_op(op, [last])
+        graph.rename_op(base, name)
+        if not graph.has_value(r.name):
+            graph.rename(last, r.name)
+
+
+# ---- 2. plan -------------------------------------------------------------------------------------
+def _is_float(v: Value) -> bool:
+    return v.type.quant is None and v.dtype == "float32"
+
+
+def _decline(op: Op) -> str | None:
+    """Why a Conv/Gemm-like op cannot become QLinearConv/QLinearGemm (None: it can)."""
+    ops = op.operands
+    if not _is_float(ops[0]) or ops[0].is_const:
+        return "input is not a float32 activation"
+    if not ops[1].is_const or any(not v.is_const for v in ops[2:3]):
+        return "weight or bias is not constant"
+    if op.kind in CONVS:
+        if ops[0].type.rank != 4:
+            return "only 2-D convolutions (rank-4 input) are quantized"
+        return None
+    if ops[0].type.rank != 2 or ops[1].type.rank != 2:
+        return "only 2-D Gemm/MatMul operands are quantized"
+    if op.kind != "MatMul":
+        if op.attrs.get("transA", 0):
+            return "transA = 1"
+        n = op.result.shape[1]
+        if len(ops) == 3 and ops[2].data.size not in (1, n):
+            return "the bias does not broadcast along the output channels only"
+    return None
+
+
+@dataclass
+class _Plan:
+    role: dict = field(default_factory=dict)    # op -> "compute" | "keep" | "concat" | "fold"
+    out: dict = field(default_factory=dict)     # compute op -> float value its output stands for
+    fold: dict = field(default_factory=dict)    # compute op -> folded Relu/Clip op
+    why: dict = field(default_factory=dict)     # float op -> reason
+    boundary: set = field(default_factory=set)  # float values entering quantized ops (need a Q)
+
+
+def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
+    p = _Plan()
+    quantized: set[Value] = set()                   # float values that will exist quantized
+    for op in graph.ops:
+        role, why = None, None
+        x = op.operands[0] if op.operands else None
+        if _kept_float(op, opts):
+            why = "kept float (keep_float)"
+        elif op.kind in CONVS + GEMMS:
+            why = _decline(op)
+            role = "compute" if why is None else None
+        elif op.kind == "Add":
+            if all(_is_float(v) for v in op.operands) and any(v in quantized for v in op.operands):
+                role = "compute"
+            else:
+                why = "no quantized operand"
+        elif op.kind in ("GlobalAveragePool", "AveragePool"):
+            a = {**REGISTRY[op.kind].defaults, **op.attrs}
+            if x not in quantized:
+                why = "input not quantized"
+            elif op.kind == "AveragePool" and (a["ceil_mode"] or (any(a["pads"] or []) and not a["count_include_pad"])):
+                why = "window count varies (pads without count_include_pad, or ceil_mode)"
+            else:
+                role = "compute"
+        elif op.kind in ("Relu", "Clip") and x in quantized and _foldable(p, x):
+            role = "fold"
+        elif op.kind in KEEP_PARAMS and x in quantized and len(op.results) == 1:
+            role = "keep" if op.kind != "Pad" or op.attrs.get("mode", "constant") == "constant" else None
+            why = None if role else "only constant padding is quantized"
+        elif op.kind == "Concat" and all(_is_float(v) for v in op.operands) and any(v in quantized for v in op.operands):
+            role = "concat"
+        else:
+            why = "no integer kernel" if any(v in quantized for v in op.operands) else "float region"
+        if role is None:
+            p.why[op] = why
+            continue
+        p.role[op] = role
+        if role == "fold":
+            prod = x.producer
+            p.fold[prod], p.out[prod] = op, op.result
+        elif role == "compute":
+            p.out[op] = op.result
+        if role in ("compute", "concat"):
+            acts = op.operands[:1] if op.kind in CONVS + GEMMS else op.operands
+            p.boundary.update(v for v in acts if v not in quantized)
+        quantized.add(op.result)
+    return p
+
+
+def _foldable(p: _Plan, x: Value) -> bool:
+    prod = x.producer
+    return (prod is not None and p.role.get(prod) == "compute" and prod not in p.fold
+            and prod.kind in CONVS + GEMMS + ("Add",) and not prod.attrs.get("activation")
+            and single_use(x))
+
+
+# ---- 3. ranges and params -------------------------------------------------------------------------
+def _ranges(graph: Graph, names: list[str], opts: QuantizeOptions, info: dict) -> dict[str, tuple[float, float]]:
+    from ..quant.calibrate import collect_ranges
+    ranges = {k: (float(v[0]), float(v[1])) for k, v in opts.ranges.items() if k in names}
+    todo = [n for n in names if n not in ranges]
+    consts = [n for n in todo if graph.value(n).is_const]
+    for n in consts:
+        d = graph.value(n).data
+        ranges[n] = (float(d.min()), float(d.max()))
+    todo = [n for n in todo if n not in ranges]
+    info["calibration"] = "given ranges"
+    if todo:
+        data = opts.calib
+        if data is None:
+            from ..quant.data import random_dataset
+            warnings.warn("quantize: no calibration data: calibrating on random normal inputs; "
+                          "accuracy will suffer (give calibration data)", stacklevel=2)
+            data = random_dataset(graph.inputs, opts.random_samples)
+            info["calibration"] = f"random ({opts.random_samples} samples)"
+        else:
+            info["calibration"] = f"{len(data)} feeds" if hasattr(data, "__len__") else "data"
+        kw = {"p": opts.percentile} if opts.method == "percentile" else {}
+        ranges.update(collect_ranges(graph, data, todo, opts.method, **kw))
+    return ranges
+
+
+def _params(graph: Graph, p: _Plan, opts: QuantizeOptions, info: dict) -> tuple[dict, dict]:
+    need = [v for v in p.out.values()] + [op.result for op, r in p.role.items() if r == "concat"]
+    need += sorted(p.boundary, key=lambda v: v.name)
+    ranges = _ranges(graph, list(dict.fromkeys(v.name for v in need)), opts, info)
+    P = {v: qpm.asymmetric(*ranges[v.name], opts.activation_dtype) for v in need}
+    made_by = {v: op for op, v in p.out.items()}
+    for op, role in p.role.items():                 # concat inputs take the output's params if free to
+        if role == "concat":
+            for v in op.operands:
+                if v in made_by and single_use(v):
+                    P[v] = P[op.result]
+    for op in graph.ops:                            # ops that keep their input's params
+        if p.role.get(op) == "keep":
+            P[op.result] = P[op.operands[0]]
+    return P, ranges
+
+
+# ---- 4. rewrite -----------------------------------------------------------------------------------
+class _Rewriter:
+    def __init__(self, graph: Graph, plan: _Plan, P: dict, ranges: dict, opts: QuantizeOptions):
+        self.g, self.p, self.P, self.ranges, self.opts = graph, plan, P, ranges, opts
+        self.qv: dict[Value, Value] = {}            # float value (or its DequantizeLinear) -> quantized
+        self.dqs: list[Op] = []
+        self.layers: dict[str, dict] = {}
+
+    def qval(self, v: Value, anchor: Op) -> Value:
+        """The quantized form of float value ``v``: known, a quantized constant, or a new Q op."""
+        if v in self.qv:
+            return self.qv[v]
+        qp = self.P[v]
+        if v.is_const:
+            q = self.g.add_const(qpm.quantize(v.data, qp), v.name + "_q", quant=qp)
+        else:
+            q = self.g.create_op("QuantizeLinear", [v], result_types=[v.type.with_quant(qp)],
+                                 name="quantize_" + v.name, result_names=[v.name + "_q"], before=anchor).result
+        self.qv[v] = q
+        return q
+
+    def replace(self, op: Op, kind: str, operands: list[Value], attrs: dict, out: Value, qp: QuantParams) -> Op:
+        """Put ``kind`` in place of ``op`` (and a folded activation); float users get a DQ."""
+        g, name, out_name = self.g, op.name, out.name
+        new = g.create_op(kind, operands, attrs, result_types=[out.type.with_quant(qp)], name=name + "_q",
+                          result_names=[out_name + "_q"], before=op)
+        q = new.result
+        if out.uses or is_output(out):
+            dq = g.create_op("DequantizeLinear", [q], name="dequantize_" + out_name,
+                             result_names=[out_name + "_dq"], after=new)
+            self.dqs.append(dq)
+            out.replace_all_uses_with(dq.result)
+            self.qv[dq.result] = q
+        if op in self.p.fold:
+            g.erase_op(self.p.fold[op])
+        g.erase_op(op)
+        g.rename_op(new, name)
+        if not g.has_value(out_name):
+            g.rename(q, out_name)
+        return new
+
+    def run(self) -> None:
+        for op in self.g.ops:
+            role = self.p.role.get(op)
+            if role == "fold" or op.graph is None:
+                continue
+            if role == "compute":
+                self.compute(op)
+            elif role == "keep":
+                x = self.qval(op.operands[0], op)
+                new = self.replace(op, op.kind, [x], dict(op.attrs), op.result, self.P[op.result])
+                self.layers[new.name] = {"kind": op.kind, "precision": "int8", "output": _summary(self.P[op.result])}
+            elif role == "concat":
+                self.concat(op)
+            else:
+                self.layers[op.name] = {"kind": op.kind, "precision": "float", "reason": self.p.why.get(op, "")}
+        for dq in self.dqs:
+            if dq.graph is not None and not dq.result.uses and not is_output(dq.result):
+                self.g.erase_op(dq)
+        self.g.remove_unused_consts()
+
+    def compute(self, op: Op) -> None:
+        out = self.p.out[op]
+        qo = self.P[out]
+        act, params = "", []
+        if op in self.p.fold:
+            f = self.p.fold[op]
+            act = f.kind
+            params = [float(f.attrs.get("min", float("-inf"))), float(f.attrs.get("max", float("inf")))] \
+                if act == "Clip" else []
+        elif op.attrs.get("activation"):
+            act, params = op.attrs["activation"], list(op.attrs.get("activation_params") or [])
+        info: dict[str, Any] = {"from": op.kind}
+        if op.kind in CONVS + GEMMS:
+            kind, operands, attrs = self.linear(op, info)
+            attrs.update(activation=act, activation_params=params)
+        elif op.kind == "Add":
+            a, b = (self.qval(v, op) for v in op.operands)
+            ms, s = quantize_multipliers([a.type.quant.scale[0] / qo.scale[0], b.type.quant.scale[0] / qo.scale[0]])
+            kind, operands = "QLinearAdd", [a, b]
+            attrs = {"activation": act, "activation_params": params, "multiplier": ms, "shift": [s]}
+            info["inputs"] = [_summary(a.type.quant), _summary(b.type.quant)]
+        else:                                                   # GlobalAveragePool, AveragePool
+            x = self.qval(op.operands[0], op)
+            count = int(np.prod(x.shape[2:])) if op.kind == "GlobalAveragePool" else \
+                int(np.prod(op.attrs["kernel_shape"]))
+            m, s = quantize_multiplier(x.type.quant.scale[0] / (qo.scale[0] * count))
+            kind, operands = "QLinear" + op.kind, [x]
+            attrs = {k: v for k, v in op.attrs.items()}
+            attrs.update(multiplier=[m], shift=[s])
+            info["input"] = _summary(x.type.quant)
+        rng = list(self.ranges.get(out.name, ()))
+        new = self.replace(op, kind, operands, attrs, out, qo)
+        self.layers[new.name] = {"kind": kind, "precision": "int8", **info, "output": _summary(qo),
+                                 "range": rng, "method": self.opts.method}
+
+    def linear(self, op: Op, info: dict) -> tuple[str, list[Value], dict]:
+        """QLinearConv / QLinearGemm operands: quantized input, int8 weight, int32 bias."""
+        x = self.qval(op.operands[0], op)
+        w = op.operands[1].data.astype(np.float32)
+        b = op.operands[2].data.astype(np.float32) if len(op.operands) >= 3 else None
+        if op.kind in CONVS:
+            kind = "QLinearConv"
+            attrs = {k: op.attrs[k] for k in ("strides", "dilations", "pads", "group") if k in op.attrs}
+        else:
+            kind, attrs = "QLinearGemm", {}
+            a = {**REGISTRY[op.kind].defaults, **op.attrs}
+            if op.kind == "MatMul" or not a["transB"]:
+                w = np.ascontiguousarray(w.T)                   # stored N x K
+            if op.kind != "MatMul":
+                w = w * np.float32(a["alpha"])
+                if b is not None:
+                    b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
+        wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        wname = op.operands[1].name
+        operands = [x, self.g.add_const(qpm.quantize(w, wqp), wname + "_q", quant=wqp)]
+        if b is not None:
+            bqp = qpm.bias_params(x.type.quant, wqp)
+            operands.append(self.g.add_const(qpm.quantize(b, bqp), op.operands[2].name + "_q", quant=bqp))
+        ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
+        attrs.update(multiplier=ms, shift=ss)
+        info["input"] = _summary(x.type.quant)
+        info["weight"] = {"per_channel": wqp.per_channel, "channels": int(w.shape[0]),
+                          "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}
+        return kind, operands, attrs
+
+    def concat(self, op: Op) -> None:
+        qo = self.P[op.result]
+        operands = []
+        for v in op.operands:
+            q = self.qval(v, op)
+            if q.type.quant != qo:
+                m, s = quantize_multiplier(q.type.quant.scale[0] / qo.scale[0])
+                q = self.g.create_op("Requantize", [q], {"multiplier": [m], "shift": [s]},
+                                     result_types=[q.type.with_quant(qo)], name="requantize_" + v.name,
+                                     result_names=[v.name + "_rq"], before=op).result
+            operands.append(q)
+        rng = list(self.ranges.get(op.result.name, ()))
+        new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
+        self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": _summary(qo),
+                                 "range": rng, "method": self.opts.method}
+
+
+def _summary(qp: QuantParams) -> dict:
+    return {"dtype": qp.storage, "scale": qp.scale[0], "zero_point": qp.zero_point[0]}
+
+
+@register_pass("quantize", options=QuantizeOptions)
+def quantize(graph: Graph, ctx: PassContext) -> bool:
+    """Post-training static int8 quantization: calibrate activation ranges, quantize weights
+    (per-channel int8) and biases (int32), rewrite Conv/Gemm/Add/pooling into integer-only QLinear
+    ops with fixed-point requantization, and keep the rest float between Dequantize/QuantizeLinear."""
+    opts = pass_options(ctx, "quantize", QuantizeOptions)
+    if any(op.kind in QUANT_KINDS for op in graph.ops):
+        ctx.log("quantize: the graph is already quantized; nothing to do")
+        return False
+    _prepare(graph, opts)
+    plan = _plan(graph, opts)
+    if not plan.role:
+        graph.meta["quant"] = {"layers": {}, "note": "nothing to quantize"}
+        return False
+    info: dict[str, Any] = {}
+    P, ranges = _params(graph, plan, opts, info)
+    rw = _Rewriter(graph, plan, P, ranges, opts)
+    rw.run()
+    graph.meta["quant"] = {
+        "scheme": {"activations": f"{opts.activation_dtype} asymmetric per tensor",
+                   "weights": "int8 symmetric " + ("per channel" if opts.per_channel else "per tensor"),
+                   "bias": "int32", "method": opts.method, **info},
+        "layers": rw.layers,
+    }
+    return True

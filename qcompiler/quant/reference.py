@@ -1,0 +1,327 @@
+"""A numpy interpreter of the (quantized) IR: the oracle for the integer kernels.
+
+Integer ops compute exactly what the int8 kernels must compute, bit for bit (see
+:mod:`qcompiler.ir.ops` for each op's formula and :mod:`.requant` for the requantization)::
+
+    QLinearConv  acc = Σ (xq - z_x) * wq + bq        (padding contributes real 0: xq = z_x)
+                 q   = clamp(z_out + rrs(acc * m[c], s[c]), lo, hi)
+
+Accumulators are formed with float64 matrix products of integers (|products| < 2^15, sums far
+below 2^53, so exact, and BLAS-fast) and checked to fit int32. Float ops (those the quantizer
+left in float, between DequantizeLinear and QuantizeLinear) run in numpy too: the kernels of
+:mod:`qcompiler.ir.interp` plus Conv/Gemm/pooling here (float64 accumulation, float32 results).
+
+    outs = run(graph, {"input": x})           # list of arrays, one per graph output
+    vals = run_values(graph, {"input": x})    # every value by name (per-layer comparisons)
+    evaluate_op(op, arrays)                   # one op on given operands (e.g. another engine's)
+
+The feeds may hold more samples than the graph's static batch (N = k * B): every kernel is
+batch-agnostic, and Reshape scales a leading dimension that equals the declared batch.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..ir.graph import Graph, Op
+from ..ir.interp import KERNELS as FLOAT_KERNELS, EvalError
+from ..ir.ops import REGISTRY
+from ..ir.types import INT_RANGES, np_dtype
+from .qparams import dequantize, quantize
+from .requant import activation_clamp, requantize
+
+Kernel = Callable[[Op, list, dict], list]
+KERNELS: dict[str, Kernel] = {}
+INT32_MIN, INT32_MAX = INT_RANGES["int32"]
+
+
+def kernel(*kinds: str):
+    def deco(fn: Kernel) -> Kernel:
+        for k in kinds:
+            KERNELS[k] = fn
+        return fn
+    return deco
+
+
+def run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    vals = _run(graph, feeds, keep_all=False)
+    return [vals[v.name] for v in graph.outputs]
+
+
+def run_values(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return _run(graph, feeds, keep_all=True)
+
+
+def _run(graph: Graph, feeds, keep_all: bool) -> dict[str, np.ndarray]:
+    env: dict[str, np.ndarray] = {v.name: v.data for v in graph.consts.values()}
+    for v in graph.inputs:
+        if v.name not in feeds:
+            raise EvalError(f"no feed for graph input %{v.name}")
+        env[v.name] = np.asarray(feeds[v.name], np_dtype(v.dtype))
+    last_use: dict[str, int] = {}
+    ops = graph.ops
+    for i, op in enumerate(ops):
+        for v in op.operands:
+            last_use[v.name] = i
+    outputs = {v.name for v in graph.outputs}
+    for i, op in enumerate(ops):
+        outs = evaluate_op(op, [env[v.name] for v in op.operands])
+        for r, a in zip(op.results, outs):
+            env[r.name] = a
+        if not keep_all:
+            for v in op.operands:
+                if last_use.get(v.name) == i and v.name not in outputs and not v.is_const:
+                    env.pop(v.name, None)
+    return env
+
+
+def evaluate_op(op: Op, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate one op on numpy operands (quantized operands as their stored integers)."""
+    attrs = {**(REGISTRY[op.kind].defaults if op.kind in REGISTRY else {}), **op.attrs}
+    xs = [np.asarray(a) for a in arrays]
+    quantized = any(v.type.quant is not None for v in op.operands)
+    fn = (_QUANT_AWARE.get(op.kind) if quantized else None) or KERNELS.get(op.kind)
+    if fn is not None:
+        outs = fn(op, xs, attrs)
+    elif op.kind in FLOAT_KERNELS:
+        outs = FLOAT_KERNELS[op.kind](xs, attrs)
+    else:
+        raise EvalError(f"{op.describe()}: the reference interpreter has no kernel for '{op.kind}'")
+    return [np.asarray(o).astype(np_dtype(r.type.dtype), copy=False) for o, r in zip(outs, op.results)]
+
+
+# ---- windows (convolution and pooling) ----------------------------------------------------------
+def _geometry(x_shape, kernel, a):
+    nsp = len(x_shape) - 2
+    s = a.get("strides") or [1] * nsp
+    d = a.get("dilations") or [1] * nsp
+    p = a.get("pads") or [0] * (2 * nsp)
+    return nsp, list(kernel), list(s), list(d), list(p)
+
+
+def _windows(x, kernel, a, out_spatial, pad_value):
+    """Yield, for each kernel offset, the (N, C, *out_spatial) slice of the padded input."""
+    nsp, k, s, d, p = _geometry(x.shape, kernel, a)
+    widths = [(0, 0), (0, 0)]
+    for i in range(nsp):
+        need = (out_spatial[i] - 1) * s[i] + d[i] * (k[i] - 1) + 1    # ceil_mode may need more at the end
+        end = max(p[nsp + i], need - x.shape[2 + i] - p[i])
+        widths.append((p[i], end))
+    xp = np.pad(x, widths, constant_values=pad_value) if any(w != (0, 0) for w in widths) else x
+    for offs in np.ndindex(*k):
+        idx = [slice(None), slice(None)]
+        for i, o in enumerate(offs):
+            st = o * d[i]
+            idx.append(slice(st, st + s[i] * (out_spatial[i] - 1) + 1, s[i]))
+        yield offs, xp[tuple(idx)]
+
+
+def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial) -> np.ndarray:
+    """Σ x * w over each window as float64 (N, O, *out_spatial); ``x`` already shifted so that
+    padding is 0. Exact for integer operands (products and sums < 2^53)."""
+    x = x.astype(np.float64, copy=False)
+    w = w.astype(np.float64, copy=False)
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    g = a.get("group", 1) or 1
+    ksp = w.shape[2:]
+    if cg == 1 and o == g == c:                           # depthwise: accumulate offset by offset
+        out = np.zeros((n, o, *out_spatial))
+        for offs, win in _windows(x, ksp, a, out_spatial, 0.0):
+            out += win * w[(slice(None), 0) + offs].reshape((1, o) + (1,) * len(ksp))
+        return out
+    cols = np.stack([win for _, win in _windows(x, ksp, a, out_spatial, 0.0)], axis=2)  # N, C, K, *sp
+    kk = cols.shape[2]
+    p = int(np.prod(out_spatial))
+    cols = cols.reshape(n, g, cg * kk, p).transpose(1, 0, 3, 2).reshape(g, n * p, cg * kk)
+    wm = w.reshape(g, o // g, cg * kk).transpose(0, 2, 1)
+    out = np.matmul(cols, wm)                                                   # g, N*P, O/g
+    return out.reshape(g, n, p, o // g).transpose(1, 0, 3, 2).reshape(n, o, *out_spatial)
+
+
+def _out_spatial(op: Op) -> tuple[int, ...]:
+    return tuple(op.result.type.shape[2:])
+
+
+def _channel(v: np.ndarray, ndim: int, axis: int = 1) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return np.asarray(v).reshape(shape)
+
+
+def _acc_int32(acc: np.ndarray, op: Op) -> np.ndarray:
+    acc = np.rint(acc).astype(np.int64)
+    if acc.size and (acc.min() < INT32_MIN or acc.max() > INT32_MAX):
+        raise EvalError(f"{op.describe()}: int32 accumulator overflow ({acc.min()}..{acc.max()})")
+    return acc
+
+
+def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1) -> np.ndarray:
+    qp = op.result.type.quant
+    lo, hi = activation_clamp(a.get("activation", ""), a.get("activation_params") or [], qp)
+    m, s = np.asarray(a["multiplier"], np.int64), np.asarray(a["shift"], np.int64)
+    if channel_axis is not None:
+        m = _channel(m, acc.ndim, channel_axis) if m.size > 1 else m.reshape(())
+        s = _channel(s, acc.ndim, channel_axis) if s.size > 1 else s.reshape(())
+    return requantize(acc, m, s, qp.zero_point[0], lo, hi)
+
+
+# ---- quantize / dequantize -----------------------------------------------------------------------
+@kernel("QuantizeLinear")
+def _quantize(op, xs, a):
+    return [quantize(xs[0], op.result.type.quant)]
+
+
+@kernel("DequantizeLinear")
+def _dequantize(op, xs, a):
+    return [dequantize(xs[0], op.operands[0].type.quant)]
+
+
+# ---- integer compute ops ----------------------------------------------------------------------
+def _zp(op: Op, i: int) -> int:
+    return op.operands[i].type.quant.zero_point[0]
+
+
+@kernel("QLinearConv")
+def _qconv(op, xs, a):
+    x = xs[0].astype(np.int64) - _zp(op, 0)
+    acc = conv_sum(x, xs[1], a, _out_spatial(op))
+    if len(xs) == 3:
+        acc = acc + _channel(xs[2].astype(np.float64), acc.ndim)
+    return [_requant_out(op, _acc_int32(acc, op), a)]
+
+
+@kernel("QLinearGemm")
+def _qgemm(op, xs, a):
+    A = (xs[0].astype(np.int64) - _zp(op, 0)).astype(np.float64)
+    acc = A @ xs[1].astype(np.float64).T
+    if len(xs) == 3:
+        acc = acc + xs[2].astype(np.float64)[None, :]
+    return [_requant_out(op, _acc_int32(acc, op), a)]
+
+
+@kernel("QLinearAdd")
+def _qadd(op, xs, a):
+    ma, mb = (np.int64(m) for m in a["multiplier"])
+    acc = (xs[0].astype(np.int64) - _zp(op, 0)) * ma + (xs[1].astype(np.int64) - _zp(op, 1)) * mb
+    qp = op.result.type.quant
+    lo, hi = activation_clamp(a["activation"], a["activation_params"] or [], qp)
+    return [requantize(acc, 1, a["shift"][0], qp.zero_point[0], lo, hi)]
+
+
+@kernel("QLinearGlobalAveragePool")
+def _qgap(op, xs, a):
+    x = xs[0].astype(np.int64) - _zp(op, 0)
+    acc = x.sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+    return [_requant_out(op, _acc_int32(acc, op), a, None)]
+
+
+@kernel("QLinearAveragePool")
+def _qavgpool(op, xs, a):
+    x = xs[0].astype(np.int64) - _zp(op, 0)
+    acc = sum(win for _, win in _windows(x, a["kernel_shape"], a, _out_spatial(op), 0))
+    return [_requant_out(op, _acc_int32(acc, op), a, None)]
+
+
+@kernel("Requantize")
+def _requantize(op, xs, a):
+    return [_requant_out(op, xs[0].astype(np.int64) - _zp(op, 0), a, None)]
+
+
+# ---- ops on quantized values that keep the quant params ---------------------------------------
+def _q_relu_clip(op, xs, a):
+    act = op.kind
+    lo, hi = activation_clamp(act, [a["min"], a["max"]] if act == "Clip" else [], op.operands[0].type.quant)
+    return [np.clip(xs[0], lo, hi)]
+
+
+def _q_pad(op, xs, a):
+    qp = op.operands[0].type.quant
+    a = dict(a, value=quantize(np.float32(a["value"]), qp).item()) if a["mode"] == "constant" else a
+    return FLOAT_KERNELS["Pad"](xs, a)
+
+
+_QUANT_AWARE = {"Relu": _q_relu_clip, "Clip": _q_relu_clip, "Pad": _q_pad}
+
+
+# ---- float ops the interp module does not cover --------------------------------------------------
+_ACT_KEYS = {"Clip": ("min", "max"), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta")}
+
+
+def apply_activation(y: np.ndarray, act: str, params) -> np.ndarray:
+    if not act:
+        return y
+    attrs = {**REGISTRY[act].defaults, **dict(zip(_ACT_KEYS.get(act, ()), params))}
+    return FLOAT_KERNELS[act]([y], attrs)[0]
+
+
+@kernel("Conv", "FusedConv")
+def _conv(op, xs, a):
+    x = xs[0]
+    y = conv_sum(x, xs[1], a, _out_spatial(op))
+    if len(xs) >= 3:
+        y = y + _channel(xs[2].astype(np.float64), y.ndim)
+    y = y.astype(np.float32)
+    if len(xs) == 4:
+        y = y + xs[3]
+    return [apply_activation(y, a.get("activation", ""), a.get("activation_params") or [])]
+
+
+@kernel("Gemm", "FusedGemm")
+def _gemm(op, xs, a):
+    A = xs[0].T if a["transA"] else xs[0]
+    B = xs[1].T if a["transB"] else xs[1]
+    y = a["alpha"] * (A.astype(np.float64) @ B.astype(np.float64))
+    if len(xs) == 3:
+        y = y + a["beta"] * xs[2].astype(np.float64)
+    return [apply_activation(y.astype(np.float32), a.get("activation", ""), a.get("activation_params") or [])]
+
+
+@kernel("MaxPool")
+def _maxpool(op, xs, a):
+    x = xs[0]
+    low = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    out = None
+    for _, win in _windows(x, a["kernel_shape"], a, _out_spatial(op), low):
+        out = win.copy() if out is None else np.maximum(out, win)
+    return [out]
+
+
+@kernel("AveragePool")
+def _avgpool(op, xs, a):
+    x = xs[0].astype(np.float64)
+    sp = _out_spatial(op)
+    total = sum(win for _, win in _windows(x, a["kernel_shape"], a, sp, 0.0))
+    # window counts: explicit pads count with count_include_pad, the ceil_mode extension never does
+    nsp = x.ndim - 2
+    p = a.get("pads") or [0] * (2 * nsp)
+    ones = np.ones((1, 1) + x.shape[2:])
+    if a["count_include_pad"]:
+        ones = np.pad(ones, [(0, 0), (0, 0)] + [(p[i], p[nsp + i]) for i in range(nsp)], constant_values=1.0)
+        a = dict(a, pads=[0] * (2 * nsp))
+    count = sum(win for _, win in _windows(ones, a["kernel_shape"], a, sp, 0.0))
+    return [(total / count).astype(np.float32)]
+
+
+@kernel("GlobalAveragePool")
+def _gap(op, xs, a):
+    x = xs[0]
+    return [x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True).astype(x.dtype)]
+
+
+@kernel("GlobalMaxPool")
+def _gmp(op, xs, a):
+    x = xs[0]
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
+@kernel("Reshape")
+def _reshape(op, xs, a):
+    x, shape = xs[0], list(a["shape"])
+    declared = op.operands[0].type.shape
+    if x.size != int(np.prod(shape)) and declared and x.ndim and shape and x.shape[0] != declared[0]:
+        # more samples than the static batch: scale the leading dimension
+        if shape[0] % declared[0] == 0:
+            shape[0] = shape[0] // declared[0] * x.shape[0]
+    return [x.reshape(shape)]
