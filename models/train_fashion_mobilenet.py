@@ -52,6 +52,8 @@ import json
 import random
 import struct
 import time
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -210,10 +212,21 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch
 
 
 # --------------------------------------------------------------------------- export
+def save_npz_reproducible(path: Path, **arrays: np.ndarray) -> None:
+    """Like np.savez_compressed, but with fixed zip timestamps so the bytes (and SHA256) are stable."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(info, "w") as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+
 def export_onnx(model: nn.Module, path: Path) -> None:
     """Export with BN kept: opset 13, TorchScript exporter, PRESERVE, no constant folding."""
     model.eval()
     dummy = torch.zeros(1, 1, 28, 28)
+    warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
     torch.onnx.export(
         model, (dummy,), str(path),
         dynamo=False, opset_version=13,
@@ -296,7 +309,7 @@ def main() -> None:
     print(f"ONNX (onnxruntime) accuracy, first {n} test images (fashion_test.npz): "
           f"{acc_held * 100:.2f}%")
 
-    np.savez_compressed(args.out_dir / "fashion_test.npz", x=xte_np[:n], y=yte[:n])
+    save_npz_reproducible(args.out_dir / "fashion_test.npz", x=xte_np[:n], y=yte[:n])
     print(json.dumps({"params": n_params, "torch_acc_10k": acc_torch, "onnx_acc_10k": acc_ort,
                       f"onnx_acc_first{n}": acc_held}))
     print(f"total wall time {time.time() - t_start:.1f}s")

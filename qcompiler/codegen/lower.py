@@ -35,7 +35,7 @@ from .kernels import elementwise as kelem
 from .kernels import linalg as klin
 from .kernels import reduce as kred
 from .kernels import shape as kshape
-from .kernels.tensor import FLOATS, Buf, Lazy, LTensor, materialize, phys_shape, scalar
+from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
 from .schedules import x86 as sched_x86
 from .target import TargetSpec
 

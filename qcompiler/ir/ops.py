@@ -409,6 +409,10 @@ register_op("FusedGemm", _fused_gemm, {"alpha": 1.0, "beta": 1.0, "transA": 0, "
 #   Requantize(q)               acc = q - z_in, M = s_in / s_out
 # ``activation`` "" | "Relu" | "Clip" (with ``activation_params`` [min, max]) narrows the clamp range
 # [lo, hi] (qcompiler.quant.requant.activation_clamp). Results carry their quant params in their type.
+# Plain ops may also take quantized operands; their result keeps the operand's params: MaxPool,
+# GlobalMaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Identity work on the stored
+# integers (MaxPool pads with the storage minimum), Pad pads with Q(value) (the zero point for 0),
+# Relu/Clip clamp at Q(0) / [Q(min), Q(max)], Concat needs all operands in the result's params.
 QUANT_ACTIVATIONS = ("", "Relu", "Clip")
 
 

@@ -38,20 +38,20 @@ with b_q = round(b / (s_x s_w[o])) in int32. Steps:
    entering quantized ops); ``ranges`` given in the options take precedence.
 4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range.
 
-Before (ranges given: x in [-1, 1], y in [0, 3])::
+Before (with ``ranges={"x": (-1, 1), "y": (0, 3)}`` in the options instead of calibration data)::
 
     graph @g(%x: tensor<1x4xf32>) {
-      %w = const dense<[[0.5, -1.0, 0.25, 0.0], [1.0, 0.5, -0.5, 0.25]]> : tensor<2x4xf32>
-      %y = FusedGemm(%x, %w) {activation = "Relu", ..., transB = 1} : tensor<1x2xf32>
+      %w = const dense<[0.5, -1.0, 0.25, 0.0, 1.0, 0.5, -0.5, 0.25]> : tensor<2x4xf32>
+      %y = FusedGemm(%x, %w) {activation = "Relu", activation_params = [], alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<1x2xf32>
       return %y
     }
 
-After::
+After (x: 1/127 per step around 128; y: 3/255 from 0; M = s_x s_w / s_y = 1448609770 * 2^-38)::
 
     graph @g(%x: tensor<1x4xf32>) {
-      %w_q = const dense<[[64, -127, 32, 0], [127, 64, -64, 32]]> : tensor<2x4x!quant.uniform<i8:f32:0, {0.007874016:0, 0.007874016:0}>>
-      %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007843138:128>>
-      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [...], shift = [...]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
+      %w_q = const dense<[63, -127, 32, 0, 127, 63, -63, 32]> : tensor<2x4x!quant.uniform<i8:f32:0, {0.007874017:0, 0.007874017:0}>>
+      %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007874017:128>>
+      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [1448609770, 1448609770], shift = [38, 38]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
       %y = DequantizeLinear(%y_q) : tensor<1x2xf32>
       return %y
     }
@@ -78,7 +78,6 @@ CONVS = ("Conv", "FusedConv")
 GEMMS = ("Gemm", "FusedGemm", "MatMul")
 KEEP_PARAMS = ("MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
                "Slice", "Pad", "Relu", "Clip", "Identity")
-FOLDS_ACTIVATION = ("QLinearConv", "QLinearGemm", "QLinearAdd")
 QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearGemm", "QLinearAdd",
                "QLinearGlobalAveragePool", "QLinearAveragePool", "Requantize")
 
@@ -125,7 +124,7 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
         z = op.operands[3] if len(op.operands) == 4 else None
         if z is None and act in QUANT_ACTIVATIONS:
             continue
-        r, name = op.result, op.name
+        r, name, rname = op.result, op.name, op.result.name
         keep = act if z is None and act in QUANT_ACTIVATIONS else ""
         base = graph.create_op(op.kind, op.operands[:3], {**op.attrs, "activation": keep, "activation_params":
                                params if keep else []}, result_types=[r.type], name=name + "_base",
@@ -138,8 +137,8 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
             last = make_activation(graph, act, params, last, name=name + "_" + act.lower(), before=op).result
         graph.replace_op(op, [last])
         graph.rename_op(base, name)
-        if not graph.has_value(r.name):
-            graph.rename(last, r.name)
+        if not graph.has_value(rname):
+            graph.rename(last, rname)
 
 
 # ---- 2. plan -------------------------------------------------------------------------------------
@@ -269,7 +268,7 @@ def _params(graph: Graph, p: _Plan, opts: QuantizeOptions, info: dict) -> tuple[
     for op, role in p.role.items():                 # concat inputs take the output's params if free to
         if role == "concat":
             for v in op.operands:
-                if v in made_by and single_use(v):
+                if (v in made_by or v in p.boundary) and single_use(v) and not v.is_const:
                     P[v] = P[op.result]
     for op in graph.ops:                            # ops that keep their input's params
         if p.role.get(op) == "keep":
@@ -391,6 +390,10 @@ class _Rewriter:
                 if b is not None:
                     b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
         wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        if b is not None:
+            wqp, widened = _fit_bias(wqp, x.type.quant.scale[0], b)
+            if widened:
+                info["bias_widened_channels"] = widened
         wname = op.operands[1].name
         operands = [x, self.g.add_const(qpm.quantize(w, wqp), wname + "_q", quant=wqp)]
         if b is not None:
@@ -418,6 +421,23 @@ class _Rewriter:
         new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
         self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": _summary(qo),
                                  "range": rng, "method": self.opts.method}
+
+
+BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the products
+
+
+def _fit_bias(wqp: QuantParams, s_x: float, b: np.ndarray) -> tuple[QuantParams, int]:
+    """Widen weight scales where the int32 bias b / (s_x s_w) would exceed BIAS_LIMIT (a channel
+    with tiny weights and a large folded-BN bias): s_w >= |b| / (s_x BIAS_LIMIT)."""
+    need = np.abs(b.astype(np.float64)) / (float(s_x) * BIAS_LIMIT)
+    if not wqp.per_channel:
+        need = np.array([need.max()])
+    scales = np.array(wqp.scale, np.float64)
+    bad = need > scales
+    if not bad.any():
+        return wqp, 0
+    new = [qpm._f32_at_least(max(s, n)) for s, n in zip(scales, need)]
+    return QuantParams(wqp.storage, tuple(new), wqp.zero_point, wqp.axis), int(bad.sum())
 
 
 def _summary(qp: QuantParams) -> dict:
@@ -448,4 +468,6 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
                    "bias": "int32", "method": opts.method, **info},
         "layers": rw.layers,
     }
+    n_int = sum(1 for v in rw.layers.values() if v["precision"] == "int8")
+    ctx.log(f"quantize: {n_int} ops integer, {len(rw.layers) - n_int} float; calibration: {info['calibration']}")
     return True

@@ -7,9 +7,17 @@ the kernel library use a plain ReLU epilogue; the clamp at 6 is also redundant a
 quantization with an output range ⊆ [0, 6]. Why it is off by default: activations above 6 now pass
 through, and the layers after them were trained never to see such values.
 
-Measured on ``models/fashion_mobilenet.onnx`` (MobileNetV2-style, ReLU6 everywhere) with the 1,000
-images of ``models/fashion_test.npz``: top-1 accuracy 91.7% before and 91.7% after, the two
-agreeing on 100% of images (tests/passes/test_relu6_to_relu.py measures it again).
+Measured on ``models/fashion_mobilenet.onnx`` (MobileNetV2-style, 16 ReLU6, trained by
+``models/train_fashion_mobilenet.py``), default pipeline then this pass, onnxruntime, top-1:
+
+* ``models/fashion_test.npz`` (1,000 test images): ReLU6 94.2%, ReLU 94.4%; the two give the same
+  class on 99.8% of the images;
+* the full Fashion-MNIST test split (10,000 images, ``dataset-fashion-mnist``): ReLU6 92.34%,
+  ReLU 92.39%; same class on 99.71% (29 of 10,000 predictions change).
+
+So on this network the effect is within noise (+0.05 points on 10k); a network whose activations
+often exceed 6 could lose more, so measure before using it. ``tests/passes/test_relu6_to_relu.py``
+re-measures the first row.
 
 Rewrites ``Clip(x) {min = 0, max = 6}`` to ``Relu(x)`` and FusedConv/FusedGemm with activation
 Clip [0, 6] to activation Relu.

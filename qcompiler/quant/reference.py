@@ -20,6 +20,7 @@ batch-agnostic, and Reshape scales a leading dimension that equals the declared 
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -86,6 +87,8 @@ def evaluate_op(op: Op, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         outs = fn(op, xs, attrs)
     elif op.kind in FLOAT_KERNELS:
         outs = FLOAT_KERNELS[op.kind](xs, attrs)
+    elif not quantized:
+        outs = _ort_float(op, xs)
     else:
         raise EvalError(f"{op.describe()}: the reference interpreter has no kernel for '{op.kind}'")
     return [np.asarray(o).astype(np_dtype(r.type.dtype), copy=False) for o, r in zip(outs, op.results)]
@@ -117,17 +120,27 @@ def _windows(x, kernel, a, out_spatial, pad_value):
         yield offs, xp[tuple(idx)]
 
 
-def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial) -> np.ndarray:
-    """Σ x * w over each window as float64 (N, O, *out_spatial); ``x`` already shifted so that
-    padding is 0. Exact for integer operands (products and sums < 2^53)."""
-    x = x.astype(np.float64, copy=False)
-    w = w.astype(np.float64, copy=False)
+def exact_float(bound: float) -> type:
+    """The cheapest float type in which integer sums of magnitude <= ``bound`` are exact in any
+    order: float32 below 2^24, else float64 (below 2^53)."""
+    if bound < 2 ** 24:
+        return np.float32
+    if bound < 2 ** 53:
+        return np.float64
+    raise EvalError(f"integer sums up to {bound:.3g} are not exact in float64")
+
+
+def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial, dtype=np.float64) -> np.ndarray:
+    """Σ x * w over each window (N, O, *out_spatial) in ``dtype``; ``x`` already shifted so that
+    padding is 0. Exact for integer operands when every partial sum is exact in ``dtype``."""
+    x = x.astype(dtype, copy=False)
+    w = w.astype(dtype, copy=False)
     n, c = x.shape[:2]
     o, cg = w.shape[:2]
     g = a.get("group", 1) or 1
     ksp = w.shape[2:]
     if cg == 1 and o == g == c:                           # depthwise: accumulate offset by offset
-        out = np.zeros((n, o, *out_spatial))
+        out = np.zeros((n, o, *out_spatial), dtype)
         for offs, win in _windows(x, ksp, a, out_spatial, 0.0):
             out += win * w[(slice(None), 0) + offs].reshape((1, o) + (1,) * len(ksp))
         return out
@@ -151,7 +164,7 @@ def _channel(v: np.ndarray, ndim: int, axis: int = 1) -> np.ndarray:
 
 
 def _acc_int32(acc: np.ndarray, op: Op) -> np.ndarray:
-    acc = np.rint(acc).astype(np.int64)
+    acc = acc.astype(np.int64)                  # integral already (exact float sums)
     if acc.size and (acc.min() < INT32_MIN or acc.max() > INT32_MAX):
         raise EvalError(f"{op.describe()}: int32 accumulator overflow ({acc.min()}..{acc.max()})")
     return acc
@@ -183,22 +196,39 @@ def _zp(op: Op, i: int) -> int:
     return op.operands[i].type.quant.zero_point[0]
 
 
+def _shifted_input(op: Op, xs, k: int):
+    """(x - z_x) in the cheapest float type that keeps Σ over ``k`` products exact."""
+    x, w = xs[0], xs[1]
+    z = _zp(op, 0)
+    lo, hi = INT_RANGES[op.operands[0].type.quant.storage]
+    dt = exact_float(k * max(hi - z, z - lo) * float(np.max(np.abs(w.astype(np.int64)), initial=0)))
+    return x.astype(dt) - dt(z), dt
+
+
+def _add_bias(acc: np.ndarray, op: Op, xs, axis: int = 1) -> np.ndarray:
+    """acc (exact integers in a float type) + the int32 bias, as int64 checked to fit int32."""
+    b = xs[2].astype(np.int64) if len(xs) == 3 else np.zeros(1, np.int64)
+    lo, hi = (float(acc.min()), float(acc.max())) if acc.size else (0.0, 0.0)
+    out = acc.astype(np.int64)
+    out += _channel(b, acc.ndim, axis)
+    if lo + b.min() < INT32_MIN or hi + b.max() > INT32_MAX:     # the cheap bound fails: look closely
+        _acc_int32(out, op)
+    return out
+
+
 @kernel("QLinearConv")
 def _qconv(op, xs, a):
-    x = xs[0].astype(np.int64) - _zp(op, 0)
-    acc = conv_sum(x, xs[1], a, _out_spatial(op))
-    if len(xs) == 3:
-        acc = acc + _channel(xs[2].astype(np.float64), acc.ndim)
-    return [_requant_out(op, _acc_int32(acc, op), a)]
+    w = xs[1]
+    x, dt = _shifted_input(op, xs, int(np.prod(w.shape[1:])))
+    acc = conv_sum(x, w, a, _out_spatial(op), dt)
+    return [_requant_out(op, _add_bias(acc, op, xs), a)]
 
 
 @kernel("QLinearGemm")
 def _qgemm(op, xs, a):
-    A = (xs[0].astype(np.int64) - _zp(op, 0)).astype(np.float64)
-    acc = A @ xs[1].astype(np.float64).T
-    if len(xs) == 3:
-        acc = acc + xs[2].astype(np.float64)[None, :]
-    return [_requant_out(op, _acc_int32(acc, op), a)]
+    A, dt = _shifted_input(op, xs, xs[1].shape[1])
+    acc = A @ xs[1].astype(dt).T
+    return [_requant_out(op, _add_bias(acc, op, xs), a)]
 
 
 @kernel("QLinearAdd")
@@ -325,3 +355,57 @@ def _reshape(op, xs, a):
         if shape[0] % declared[0] == 0:
             shape[0] = shape[0] // declared[0] * x.shape[0]
     return [x.reshape(shape)]
+
+
+# ---- float ops without a numpy kernel (Resize, ConvTranspose, LayerNormalization, ...) ----------
+_SESSIONS: "weakref.WeakKeyDictionary[Op, object]" = weakref.WeakKeyDictionary()
+
+
+def _ort_float(op: Op, xs: list) -> list:
+    """Run one float op in onnxruntime (a one-node model of its declared types); feeds with more
+    samples than the declared batch run in slices of it."""
+    sess = _SESSIONS.get(op)
+    if sess is None:
+        import onnxruntime as ort
+        from ..frontend.onnx_export import export_onnx
+        from ..ir.types import TensorType
+        g = Graph("op")
+        ins = [g.add_input(f"in{i}", TensorType(v.shape, v.dtype)) for i, v in enumerate(op.operands)]
+        new = g.create_op(op.kind, ins, dict(op.attrs), result_types=[r.type for r in op.results])
+        g.outputs = list(new.results)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = _SESSIONS[op] = ort.InferenceSession(export_onnx(g).SerializeToString(), so,
+                                                     providers=["CPUExecutionProvider"])
+    declared = [v.shape for v in op.operands]
+    if all(x.shape == d for x, d in zip(xs, declared)):
+        return sess.run(None, {f"in{i}": x for i, x in enumerate(xs)})
+    b = declared[0][0]
+    n = xs[0].shape[0]
+    if not declared[0] or n % b:
+        raise EvalError(f"{op.describe()}: operand shapes {[x.shape for x in xs]} do not fit {declared}")
+    parts = []
+    for s in range(0, n, b):
+        feeds = {f"in{i}": (x[s:s + b] if x.shape != d else x) for i, (x, d) in enumerate(zip(xs, declared))}
+        parts.append(sess.run(None, feeds))
+    return [np.concatenate([p[i] for p in parts]) for i in range(len(op.results))]
+
+
+# ---- comparing another engine's integers with the oracle -----------------------------------------
+def layer_diffs(graph: Graph, values: dict[str, np.ndarray]) -> dict[str, int]:
+    """For each integer op (and each op on quantized values) whose operands and result are all in
+    ``values`` (another engine's tensors by IR value name, e.g. onnxruntime running
+    :func:`~qcompiler.quant.qdq_export.export_qdq`), the largest |difference| in LSB between that
+    result and the oracle run on the *same* operands: each layer checked in isolation, so one
+    layer's rounding does not hide or blame another's."""
+    out = {}
+    for op in graph.ops:
+        if not op.results or op.result.type.quant is None:
+            continue
+        names = [v.name for v in op.operands if not v.is_const] + [op.result.name]
+        if not all(n in values for n in names):
+            continue
+        want = evaluate_op(op, [v.data if v.is_const else values[v.name] for v in op.operands])[0]
+        got = np.asarray(values[op.result.name])
+        out[op.name] = int(np.max(np.abs(want.astype(np.int64) - got.astype(np.int64)))) if got.size else 0
+    return out

@@ -100,10 +100,12 @@ def requantize(acc: np.ndarray, multiplier, shift, zero_point: int, lo: int, hi:
     """``clamp(zero_point + rrs(acc * multiplier, shift), lo, hi)`` as int64 (cast to the storage
     type by the caller). ``multiplier``/``shift`` are scalars or arrays broadcasting against ``acc``
     (per channel)."""
-    acc = np.asarray(acc, np.int64)
-    m = np.asarray(multiplier, np.int64)
-    y = rounding_right_shift(acc * m, shift) + np.int64(zero_point)
-    return np.clip(y, lo, hi)
+    s = np.asarray(shift, np.int64)
+    v = np.multiply(np.asarray(acc, np.int64), np.asarray(multiplier, np.int64))   # in place from here on
+    v += np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)
+    v >>= s
+    v += np.int64(zero_point)
+    return np.clip(v, lo, hi, out=v)
 
 
 def activation_clamp(activation: str, params: Sequence[float], qp: QuantParams) -> tuple[int, int]:

@@ -8,7 +8,8 @@ the accumulator) that the x86 schedule fuses into the register-tile write-back.
 Weights are re-laid out at compile time:
 
 * conv ``(K, C/g, R, S)`` → ``(K/bo, C/g/bi, R, S, bi, bo)``: the innermost ``bo`` output channels
-  are one vector register, the ``bi`` input channels an unrolled scalar-broadcast loop;
+  are one or two vector registers (two when K/g allows: each broadcast input value then feeds two
+  FMAs), the ``bi`` input channels an unrolled scalar-broadcast loop;
 * depthwise ``(C, 1, R, S)`` → ``(C/b, R, S, b)``;
 * ConvTranspose ``(C, K/g, R, S)`` → ``(C, R, S, K/g)``.
 """
@@ -81,10 +82,12 @@ def conv2d(ctx, a, ins, outs):
         acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
             cast(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], F32) * cast(wp[co, rh, rw, ci], F32),
             axis=[rh, rw]), name="conv")
-        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded)
+        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded, block=b)
         bo = b
     else:
         bo = pick_block(kg, vw)
+        if kg % (2 * vw) == 0 and ow >= 8:
+            bo = 2 * vw            # two vectors of output channels: one input broadcast feeds two FMAs
         if x.block and cg % x.block == 0:
             bi = x.block
         else:
@@ -100,7 +103,7 @@ def conv2d(ctx, a, ins, outs):
             return te.sum(cast(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici], F32)
                           * cast(wp[ko, ico, rh, rw, ici, ki], F32), axis=[ico, rh, rw, ici])
         acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
-        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded)
+        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
     accb = Buf(acc, out_shape, F32, bo)
     return [_epilogue(ctx, a, accb, ins, outs)]
 
@@ -177,7 +180,7 @@ def conv_transpose(ctx, a, ins, outs):
                                   const(0.0, F32))
             return te.sum(v, axis=[rc, jy, jx])
     acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
-    ctx.schedule("conv_transpose", reg_n=_reg_n(ow, ctx), pad=False)
+    ctx.schedule("conv_transpose", reg_n=_reg_n(ow, ctx), pad=False, block=bo)
     return [_epilogue(ctx, a, Buf(acc, out_shape, F32, bo), ins, outs)]
 
 
@@ -205,7 +208,7 @@ def pool(ctx, a, ins, outs, kind: str):
             return te.max(tirx.if_then_else(ok, v, tirx.min_value(F32)), axis=[rh, rw])
         acc = compute((n, c // b, oh, ow, b), body, name="pool")
         res = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
-        ctx.schedule("pool", reg_n=1, pad=False)
+        ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
         return [res]
 
     def body(*p):
@@ -227,7 +230,7 @@ def pool(ctx, a, ins, outs, kind: str):
             div[y, xx] = 1.0 / max(cnt, 1)
     accb = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
     uniform = np.all(div == div.flat[0])
-    ctx.schedule("pool", reg_n=1, pad=False)
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
     if uniform:
         inv = float(div.flat[0])
         return [Lazy(out_shape, outs[0].dtype, lambda idx: accb.at(idx) * const(inv, F32))]
@@ -267,7 +270,7 @@ def global_pool(ctx, a, ins, outs, kind: str):
         acc = compute((n, c // b, 1, 1, b), lambda i, co, y, xx, ci: te.sum(
             x.at((i, co * b + ci, rh, rw)), axis=[rh, rw]), name="pool")
         scale = 1.0 / (h * w)
-    ctx.schedule("pool", reg_n=1, pad=False)
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
     accb = Buf(acc, out_shape, F32, b) if x.block else _unblock(acc, out_shape)
     if scale is None:
         return [accb]

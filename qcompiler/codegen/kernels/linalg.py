@@ -17,20 +17,31 @@ from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize,
 F32 = "float32"
 
 
-def _dense(ctx, a2, k: int, wmat: np.ndarray, name="dense"):
-    """D = a2 @ wmat for a logical (M, K) tensor ``a2`` and a constant (K, N) array."""
+def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
+    """a2 @ wmat for a logical (M, K) tensor ``a2`` and a constant (K, N) array, viewed with
+    ``out_shape``. N is padded up to a multiple of the vector width (zero weight columns) when it
+    has no power-of-two factor that large; the padding is cut off by the view."""
     m = a2.shape[0]
     n = wmat.shape[1]
     bn = pick_block(n, ctx.vw)
+    if bn < ctx.vw and n > ctx.vw:
+        bn = ctx.vw
     if bn == ctx.vw and n % (2 * bn) == 0 and m <= 2:
         bn *= 2                    # two vectors per row when there are few rows (more FMA chains)
-    wp = ctx.param(np.ascontiguousarray(wmat.reshape(k, n // bn, bn).transpose(1, 0, 2)), "w_dense")
+    npad = -(-n // bn) * bn
+    if npad != n:
+        wmat = np.concatenate([wmat, np.zeros((k, npad - n), wmat.dtype)], axis=1)
+    wp = ctx.param(np.ascontiguousarray(wmat.reshape(k, npad // bn, bn).transpose(1, 0, 2)), "w_dense")
     rk = te.reduce_axis((0, k), "rk")
-    d = compute((m, n // bn, bn), lambda i, no, ni: te.sum(
+    d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
         a2.at((i, rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
     mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
     ctx.schedule("dense", mb=mb)
-    return d
+    if npad == n:
+        return Buf(d, out_shape, F32)
+    rows = int(np.prod(out_shape[:-1]))
+    return Lazy(out_shape, F32, lambda idx: d[linearize(idx[:-1], out_shape[:-1]) if rows > 1 else 0,
+                                              idx[-1] // bn, idx[-1] % bn])
 
 
 def gemm(ctx, a, ins, outs):
@@ -44,7 +55,7 @@ def gemm(ctx, a, ins, outs):
     bdata = ctx.const_data(1)
     if bdata is not None:
         wmat = bdata.T if a["transB"] else bdata
-        acc = Buf(_dense(ctx, A, k, np.ascontiguousarray(wmat)), out_shape, F32)
+        acc = _dense(ctx, A, k, np.ascontiguousarray(wmat), out_shape)
     else:
         Bt = _transposed(B) if a["transB"] else B
         rk = te.reduce_axis((0, k), "rk")
@@ -79,7 +90,7 @@ def matmul(ctx, a, ins, outs):
         k = A.shape[-1]
         mm = int(np.prod(A.shape[:-1]))
         a2 = A if A.rank == 2 else Lazy((mm, k), A.dtype, lambda idx: A.at(unravel(linearize(idx, (mm, k)), A.shape)))
-        return [Buf(_dense(ctx, a2, k, bdata), out_shape, F32)]
+        return [_dense(ctx, a2, k, bdata, out_shape)]
     # batched: promote 1-D operands, broadcast the batch dimensions
     a_sh = (1,) + A.shape if A.rank == 1 else A.shape
     b_sh = B.shape + (1,) if B.rank == 1 else B.shape

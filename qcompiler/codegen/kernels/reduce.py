@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from .elementwise import fast_exp
 from .tensor import Buf, Lazy, compute, const, dtype_of
 
 F32 = "float32"
@@ -41,14 +42,15 @@ def softmax(ctx, a, ins, outs, log: bool = False):
     ax = a["axis"] % x.rank
     axes = [ax]
     mx, _ = _reduce_stage(x, axes, lambda v, r: te.max(v, axis=r), "rmax")
-    sm, _ = _reduce_stage(Lazy(x.shape, F32, lambda idx: tirx.exp(x.at(idx) - mx[_kidx(idx, axes)])),
-                          axes, lambda v, r: te.sum(v, axis=r), "rsum")
+    # exp once, in a vectorizable stage; the sum and the output read it
+    e = compute(x.shape, lambda *idx: fast_exp(x.at(idx) - mx[_kidx(idx, axes)]), "rexp")
+    eb = Buf(e, x.shape, F32)
+    sm, _ = _reduce_stage(eb, axes, lambda v, r: te.sum(v, axis=r), "rsum")
     ctx.schedule("rowwise" if _trailing(axes, x.rank) else "generic", rows=x.rank - 1)
     if log:
         return [Lazy(x.shape, outs[0].dtype,
                      lambda idx: x.at(idx) - mx[_kidx(idx, axes)] - tirx.log(sm[_kidx(idx, axes)]))]
-    return [Lazy(x.shape, outs[0].dtype,
-                 lambda idx: tirx.exp(x.at(idx) - mx[_kidx(idx, axes)]) / sm[_kidx(idx, axes)])]
+    return [Lazy(x.shape, outs[0].dtype, lambda idx: eb.at(idx) / sm[_kidx(idx, axes)])]
 
 
 def layernorm(ctx, a, ins, outs):

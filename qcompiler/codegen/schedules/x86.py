@@ -224,15 +224,21 @@ def rowwise(sch, vw, rows):
     if rows == 0 or rows > len(loops):
         raise ValueError("rowwise: no row loops")
     r = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-    for name in ("reduce", "rvar", "rsum", "rmean", "rmax"):
+    for name in ("reduce", "rvar", "rsum", "rexp", "rmean", "rmax"):
         b = _block(sch, name)
         if b is not None:
             sch.compute_at(b, r, preserve_unit_loops=True)
+            if name == "rexp":
+                lp = sch.get_loops(b)[1:]
+                c = sch.fuse(*lp) if len(lp) > 1 else lp[0]
+                if _extent(sch, c) >= vw:
+                    sch.vectorize(sch.split(c, [None, vw])[1])
     cols = sch.get_loops(out)[1:]
     if cols:
         c = sch.fuse(*cols) if len(cols) > 1 else cols[0]
         ext = _extent(sch, c)
-        if ext % vw == 0:
+        if ext >= vw:
+            # a tail that does not fill a vector becomes a predicated (masked) vector iteration
             _, ci = sch.split(c, [None, vw])
             sch.vectorize(ci)
     if _extent(sch, r) > 1:

@@ -1,0 +1,88 @@
+"""The quantized IR as standard QDQ ONNX (QuantizeLinear / DequantizeLinear around float ops).
+
+    model = export_qdq(graph)        # onnx.ModelProto (opset 17) that onnxruntime and TensorRT run
+    save_qdq(graph, "model.int8.onnx")
+
+Every integer op becomes DequantizeLinear on each quantized operand, the float op, and a
+QuantizeLinear whose output keeps the quantized value's name (so a value of the IR can be fetched
+from the ONNX model under the same name)::
+
+    QLinearConv(xq, wq, bq) {Relu}   ->  DQ(xq), DQ(wq, axis 0), DQ(bq int32, axis 0) -> Conv -> Relu -> Q
+    QLinearGemm(aq, wq, bq)          ->  DQ ... -> Gemm(transB = 1) -> Q
+    QLinearAdd(aq, bq) {Relu}        ->  DQ, DQ -> Add -> Relu -> Q
+    QLinear(Global)AveragePool(xq)   ->  DQ -> (Global)AveragePool -> Q
+    Requantize(q)                    ->  DQ -> Q
+    Relu/Clip/Pad/GlobalMaxPool      ->  DQ -> op -> Q     (on quantized values; ONNX has no uint8 form)
+    MaxPool, Reshape, Flatten, Transpose, Concat, ... on quantized: the op on the uint8 tensor
+
+int8 weights and int32 biases stay integer initializers (per-channel DequantizeLinear, axis 0).
+Each use of a quantized value gets its own DequantizeLinear, as onnxruntime's QDQ fusion wants.
+Runtimes fuse DQ -> Conv -> Q into their own integer conv with a *float* requantization scale, so
+their results may differ from qcompiler's fixed-point arithmetic by 1 LSB where a value rounds
+near .5.
+"""
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from ..frontend.onnx_export import export_onnx, save_onnx
+from ..ir.graph import Graph, Op, Value
+from ..ir.ops import REGISTRY
+from ..ir.types import TensorType
+from ..passes._common import make_activation
+
+_FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearAdd": "Add",
+               "QLinearGlobalAveragePool": "GlobalAveragePool", "QLinearAveragePool": "AveragePool",
+               "Requantize": None, "Relu": "Relu", "Clip": "Clip", "Pad": "Pad", "GlobalMaxPool": "GlobalMaxPool"}
+_DROP = ("multiplier", "shift")
+
+
+def export_qdq(graph: Graph) -> onnx.ModelProto:
+    return export_onnx(to_qdq_graph(graph))
+
+
+def save_qdq(graph: Graph, path: "str | os.PathLike") -> None:
+    """Export ``graph`` as QDQ ONNX and write it to ``path`` atomically (as save_onnx does)."""
+    save_onnx(to_qdq_graph(graph), path)
+
+
+def to_qdq_graph(graph: Graph) -> Graph:
+    """A copy of ``graph`` with every integer op expanded to DQ -> float op -> Q."""
+    g = graph.clone()
+    for op in g.ops:
+        if op.kind in _FLOAT_FORM and op.results and op.result.type.quant is not None:
+            _expand(g, op)
+    return g
+
+
+def _dq(g: Graph, v: Value, anchor: Op) -> Value:
+    if v.type.quant is None:
+        return v
+    return g.create_op("DequantizeLinear", [v], name=f"{anchor.name}/dq", result_names=[v.name + "_dq"],
+                       before=anchor).result
+
+
+def _expand(g: Graph, op: Op) -> None:
+    r, name, rname = op.result, op.name, op.result.name
+    kind = _FLOAT_FORM[op.kind]
+    xs = [_dq(g, v, op) for v in op.operands]
+    y = xs[0]
+    if kind is not None:
+        attrs = {k: v for k, v in op.attrs.items() if k not in _DROP}
+        act, params = "", []
+        if kind == "FusedGemm":
+            attrs.update(alpha=1.0, beta=1.0, transA=0, transB=1)
+        elif kind == "Add":
+            act, params = attrs.pop("activation", ""), attrs.pop("activation_params", [])
+        attrs = {**REGISTRY[kind].defaults, **attrs}
+        y = g.create_op(kind, xs, attrs, name=f"{name}/float", result_names=[rname + "_float"], before=op).result
+        if act:
+            y = make_activation(g, act, params, y, name=f"{name}/{act.lower()}", before=op).result
+    q = g.create_op("QuantizeLinear", [y], result_types=[TensorType(r.shape, r.dtype, r.type.quant)],
+                    name=f"{name}/q", result_names=[rname + "_qdq"], before=op)
+    g.replace_op(op, [q.result])
+    g.rename_op(q, name)
+    if not g.has_value(rname):
+        g.rename(q.result, rname)

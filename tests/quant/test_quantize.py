@@ -1,0 +1,291 @@
+"""quantize: IR text in -> quantized IR text out (ranges given, so the text is deterministic), the
+structural rules (prepare, fold, concat, keep-float), the verifier's messages for quantized ops,
+and numerics of the reference interpreter against float and against onnxruntime on the QDQ export."""
+import importlib
+import json
+import re
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+from qcompiler.errors import UserError
+from qcompiler.ir import IRError, parse_graph, print_graph
+from qcompiler.passes import DEFAULT_PIPELINE, PassContext, PassManager, parse_pipeline
+from qcompiler.passes.quantize import QuantizeOptions
+from qcompiler.quant import reference, sqnr_db
+from qcompiler.quant.qdq_export import export_qdq
+
+
+def quantize(text, **opts):
+    g = parse_graph(text) if isinstance(text, str) else text
+    g.verify()
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(**opts)})).run(g)
+    return g
+
+
+def assert_ir(g, expected: str) -> None:
+    want = print_graph(parse_graph(expected), locs=False)
+    got = print_graph(g, locs=False)
+    assert got == want, f"got:\n{got}\nexpected:\n{want}"
+
+
+def kinds(g):
+    return [op.kind for op in g.ops]
+
+
+T = "tensor<1x2x3x3xf32>"
+NET = f"""graph @g(%x: {T}) {{
+  %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
+  %b = const dense<[0.5, -0.25]> : tensor<2xf32>
+  %y = FusedConv(%x, %w, %b) {{activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]}} : {T} loc("conv")
+  %s = Add(%y, %x) : {T} loc("add")
+  %r = Relu(%s) : {T} loc("relu")
+  %p = GlobalAveragePool(%r) : tensor<1x2x1x1xf32> loc("gap")
+  %f = Flatten(%p) {{axis = 1}} : tensor<1x2xf32> loc("flatten")
+  %fw = const dense<[1.0, -0.5, 0.25, 0.75, 0.5, -2.0]> : tensor<2x3xf32>
+  %fb = const dense<[0.1, 0.2, 0.3]> : tensor<3xf32>
+  %o = Gemm(%f, %fw, %fb) {{alpha = 1.0, beta = 1.0, transA = 0, transB = 0}} : tensor<1x3xf32> loc("fc")
+  %sm = Softmax(%o) {{axis = 1}} : tensor<1x3xf32> loc("softmax")
+  return %sm
+}}"""
+RANGES = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "r": (0.0, 5.0), "p": (0.0, 2.0), "o": (-3.0, 3.0)}
+
+
+def test_golden_conv_residual_pool_gemm():
+    """Conv+Relu -> QLinearConv; Add+Relu -> QLinearAdd (Relu folded); GAP -> integer pool;
+    Flatten keeps params; Gemm (transB = 0) -> QLinearGemm with W stored N x K; Softmax stays float.
+    Checked by hand: x [-1, 1] -> 1/127 @ 128 (the zero point rounds, the scale widens);
+    w[0] = [0.5, -1] / (1/127) = [63.4999 -> 63, -127]; b[0] = 0.5 / (s_x s_w0) = 8064;
+    M_conv[0] = s_x s_w0 / s_y = 0.0039526 = 1086457285 * 2^-38; Add: M = [0.8, 0.4016] * 2^31."""
+    g = quantize(NET, ranges=RANGES)
+    assert_ir(g, f"""graph @g(%x: {T}) {{
+  %w_q = const dense<[63, -127, 16, 127]> : tensor<2x2x1x1x!quant.uniform<i8:f32:0, {{0.007874017:0, 0.015748033:0}}>>
+  %b_q = const dense<[8064, -2016]> : tensor<2x!quant.uniform<i32:f32:0, {{6.200014e-05:0, 0.00012400027:0}}>>
+  %fw_q = const dense<[127, 95, -127, 127, 16, -127]> : tensor<3x2x!quant.uniform<i8:f32:0, {{0.007874017:0, 0.0039370083:0, 0.015748033:0}}>>
+  %fb_q = const dense<[1619, 6477, 2429]> : tensor<3x!quant.uniform<i32:f32:0, {{6.1757e-05:0, 3.08785e-05:0, 0.000123514:0}}>>
+  %x_q = QuantizeLinear(%x) : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.007874017:128>>
+  %y = QLinearConv(%x_q, %w_q, %b_q) {{activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, multiplier = [1086457285, 1086457285], pads = [0, 0, 0, 0], shift = [38, 37], strides = [1, 1]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.015686275:0>>
+  %r = QLinearAdd(%y, %x_q) {{activation = "Relu", activation_params = [], multiplier = [1717986959, 862375391], shift = [31]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.019607844:0>>
+  %p = QLinearGlobalAveragePool(%r) {{multiplier = [1193046443], shift = [32]}} : tensor<1x2x1x1x!quant.uniform<u8:f32, 0.007843138:0>>
+  %f = Flatten(%p) {{axis = 1}} : tensor<1x2x!quant.uniform<u8:f32, 0.007843138:0>>
+  %o = QLinearGemm(%f, %fw_q, %fb_q) {{activation = "", activation_params = [], multiplier = [1437270243, 1437270243, 1437270243], shift = [39, 40, 38]}} : tensor<1x3x!quant.uniform<u8:f32, 0.023622049:128>>
+  %o_dq = DequantizeLinear(%o) : tensor<1x3xf32>
+  %sm = Softmax(%o_dq) {{axis = 1}} : tensor<1x3xf32>
+  return %sm
+}}""")
+    assert [op.name for op in g.ops if op.kind.startswith("QLinear")] == ["conv", "add", "gap", "fc"]  # names kept
+    meta = g.meta["quant"]
+    json.dumps(meta)                                                  # JSON-serializable for the report
+    assert meta["layers"]["conv"]["kind"] == "QLinearConv" and meta["layers"]["conv"]["range"] == [0.0, 4.0]
+    assert meta["layers"]["softmax"] == {"kind": "Softmax", "precision": "float", "reason": "no integer kernel"}
+    assert meta["scheme"]["calibration"] == "given ranges"
+
+
+def test_docstring_example():
+    doc = importlib.import_module("qcompiler.passes.quantize").__doc__
+
+    def block(label):
+        m = re.search(re.escape(label) + r".*::\n\n((?:    .*\n|\n)+?)(?:\n\S|\Z)", doc + "\n")
+        return textwrap.dedent(m.group(1))
+    assert_ir(quantize(block("Before"), ranges={"x": (-1, 1), "y": (0, 3)}), block("After"))
+
+
+def test_text_round_trip_and_not_in_default_pipeline():
+    g = quantize(NET, ranges=RANGES)
+    text = print_graph(g)
+    again = parse_graph(text)
+    again.verify()
+    assert print_graph(again) == text                      # quantized constants parse back with their types
+    assert "quantize" not in DEFAULT_PIPELINE and "quantize" in parse_pipeline("default,quantize")
+    # a second run leaves a quantized graph alone
+    quantize(again, ranges=RANGES)
+    assert print_graph(again) == text
+
+
+def test_reference_close_to_float_and_equal_to_onnxruntime_qdq():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (8, 2, 3, 3)).astype(np.float32)
+    fl = parse_graph(NET)
+    calib = [{"x": x[i:i + 1]} for i in range(8)]
+    q = quantize(NET, calib=calib)
+    want = reference.run(fl, {"x": x})[0]
+    got = reference.run(q, {"x": x})[0]
+    assert sqnr_db(want, got) > 30
+    import onnxruntime as ort
+    sess = ort.InferenceSession(export_qdq(q).SerializeToString(), providers=["CPUExecutionProvider"])
+    ort_out = np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
+    assert np.abs(ort_out - got).max() <= 0.03 * 1.01          # within 1 LSB of the logits, after Softmax
+
+
+RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
+  %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
+  %b = const dense<[0.5, -0.25]> : tensor<2xf32>
+  %y = FusedConv(%x, %w, %b, %z) {activation = "HardSwish", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x4x4xf32> loc("conv")
+  return %y
+}"""
+
+
+def test_prepare_splits_residual_and_float_activation():
+    """FusedConv(X, W, B, Z){HardSwish} -> QLinearConv -> QLinearAdd -> DQ -> HardSwish (float)."""
+    g = quantize(RESIDUAL, ranges={"x": (-1, 1), "z": (-2, 2), "y_acc": (-3, 3), "y_add": (-4, 4)})
+    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "QuantizeLinear", "QLinearAdd", "DequantizeLinear", "HardSwish"]
+    conv, add = g.find_ops("QLinearConv")[0], g.find_ops("QLinearAdd")[0]
+    assert conv.name == "conv" and conv.attrs["activation"] == "" and add.operands[0] is conv.result
+    assert g.outputs[0].name == "y" and g.outputs[0].producer.kind == "HardSwish"
+
+
+def test_folded_clip_sets_the_clamp_and_unfoldable_relu_keeps_params():
+    text = """graph @g(%x: tensor<1x4xf32>) {
+  %w = const dense<0.5> : tensor<3x4xf32>
+  %y = Gemm(%x, %w) {alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<1x3xf32>
+  %c = Clip(%y) {max = 6.0, min = 0.0} : tensor<1x3xf32>
+  %m = Reshape(%c) {shape = [3, 1]} : tensor<3x1xf32>
+  %r = Relu(%m) : tensor<3x1xf32>
+  return %r
+}"""
+    g = quantize(text, ranges={"x": (-1, 1), "c": (0, 6)})
+    assert kinds(g) == ["QuantizeLinear", "QLinearGemm", "Reshape", "Relu", "DequantizeLinear"]
+    gemm = g.find_ops("QLinearGemm")[0]
+    assert (gemm.attrs["activation"], gemm.attrs["activation_params"]) == ("Clip", [0.0, 6.0])
+    qp = gemm.result.type.quant
+    assert g.find_ops("Relu")[0].result.type.quant == qp == g.find_ops("Reshape")[0].result.type.quant
+
+
+CONCAT = """graph @g(%x: tensor<1x2x2x2xf32>) {
+  %w = const dense<0.5> : tensor<2x2x1x1xf32>
+  %a = Conv(%x, %w) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x2x2xf32>
+  %b = Conv(%x, %w) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x2x2xf32>
+  %s = Sigmoid(%b) : tensor<1x2x2x2xf32>
+  %c = Concat(%a, %s, %b) {axis = 1} : tensor<1x6x2x2xf32>
+  return %c
+}"""
+
+
+def test_concat_inputs_share_the_output_params():
+    """%a (used only by the concat) is emitted in the concat's params directly; the float %s is
+    quantized straight into them; %b is also used by Sigmoid, so it keeps its params and is
+    requantized."""
+    g = quantize(CONCAT, ranges={"x": (-1, 1), "a": (-1, 1), "b": (-0.5, 0.5), "s": (0, 1), "c": (-1, 2)})
+    cat = g.find_ops("Concat")[0]
+    qp = cat.result.type.quant
+    assert all(v.type.quant == qp for v in cat.operands)
+    a, s, b = (v.producer for v in cat.operands)
+    assert (a.kind, s.kind, b.kind) == ("QLinearConv", "QuantizeLinear", "Requantize")
+    assert b.operands[0].type.quant != qp
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (1, 2, 2, 2)).astype(np.float32)
+    want = reference.run(parse_graph(CONCAT), {"x": x})[0]
+    assert sqnr_db(want, reference.run(g, {"x": x})[0]) > 30
+
+
+def test_keep_float_by_name_and_kind():
+    g = quantize(NET, ranges=RANGES, keep_float={"fc"})
+    assert "QLinearGemm" not in kinds(g) and "Gemm" in kinds(g)
+    assert g.meta["quant"]["layers"]["fc"]["reason"] == "kept float (keep_float)"
+    g = quantize(NET, ranges={**RANGES, "f": (0, 2)}, keep_float={"FusedConv", "GlobalAveragePool"})
+    assert "QLinearConv" not in kinds(g) and "QLinearGlobalAveragePool" not in kinds(g)
+    assert "QLinearGemm" in kinds(g)
+
+
+def test_per_tensor_weights_and_int8_activations():
+    g = quantize(NET, ranges=RANGES, per_channel=False, activation_dtype="int8")
+    conv = g.find_ops("QLinearConv")[0]
+    w, b = conv.operands[1].type.quant, conv.operands[2].type.quant
+    assert w.axis is None and b.axis is None and len(conv.attrs["multiplier"]) == 1
+    assert conv.result.type.quant.storage == "int8" and conv.result.type.quant.zero_point == (-128,)
+    assert g.meta["quant"]["scheme"]["weights"] == "int8 symmetric per tensor"
+
+
+def test_matmul_and_bias_widening():
+    """A channel whose bias is huge next to its weights would overflow int32: its weight scale
+    widens so that |b_q| <= 2^30."""
+    text = """graph @g(%x: tensor<2x3xf32>) {
+  %w = const dense<[1.0, 1e-9, -1.0, 1e-9, 0.5, 1e-9]> : tensor<3x2xf32>
+  %y = MatMul(%x, %w) : tensor<2x2xf32>
+  %b = const dense<[0.5, 100.0]> : tensor<2xf32>
+  %z = Add(%y, %b) : tensor<2x2xf32>
+  return %z
+}"""
+    g = quantize(text, ranges={"x": (-1, 1), "y": (-3, 3), "z": (-3, 103)})
+    gemm = g.find_ops("QLinearGemm")[0]
+    assert gemm.operands[1].shape == (2, 3)                   # stored N x K
+    g2 = quantize(text.replace("%y = MatMul(%x, %w)", "%y = Gemm(%x, %w, %b) {alpha = 1.0, beta = 1.0, transA = 0, transB = 0}")
+                  .replace("  %b = const dense<[0.5, 100.0]> : tensor<2xf32>\n", "")
+                  .replace("graph @g(%x: tensor<2x3xf32>) {\n", "graph @g(%x: tensor<2x3xf32>) {\n  %b = const dense<[0.5, 100.0]> : tensor<2xf32>\n")
+                  .replace("  %z = Add(%y, %b) : tensor<2x2xf32>\n  return %z", "  return %y"),
+                  ranges={"x": (-1, 1), "y": (-3, 103)})
+    gemm = g2.find_ops("QLinearGemm")[0]
+    bias = gemm.operands[2].data
+    assert np.abs(bias).max() <= 2 ** 30
+    assert g2.meta["quant"]["layers"][gemm.name]["bias_widened_channels"] == 1
+    x = np.array([[0.5, -0.25, 1.0], [1.0, 1.0, -1.0]], np.float32)
+    want = x @ np.array([[1.0, 1e-9], [-1.0, 1e-9], [0.5, 1e-9]], np.float32) + np.array([0.5, 100.0], np.float32)
+    got = reference.run(g2, {"x": x})[0]
+    assert np.abs(got - want).max() < 0.5
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
+def test_calibration_methods(method):
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.uniform(-1, 1, (1, 2, 3, 3)).astype(np.float32)} for _ in range(8)]
+    g = quantize(NET, calib=calib, method=method, percentile=99.0)
+    assert g.meta["quant"]["scheme"]["method"] == method and g.meta["quant"]["scheme"]["calibration"] == "8 feeds"
+    lo, hi = g.meta["quant"]["layers"]["conv"]["range"]
+    assert 0.0 <= lo < hi
+
+
+def test_calibration_without_data_warns_and_uses_random_inputs():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g = quantize(NET, ranges={"y": (0, 4)}, random_samples=4)
+    assert any("no calibration data" in str(x.message) for x in w)
+    assert g.meta["quant"]["scheme"]["calibration"] == "random (4 samples)"
+
+
+def test_bad_options():
+    with pytest.raises(UserError, match="unknown method 'kl'"):
+        QuantizeOptions(method="kl")
+    with pytest.raises(UserError, match="activation_dtype"):
+        QuantizeOptions(activation_dtype="int4")
+    with pytest.raises(Exception, match="unknown option\\(s\\) methd"):
+        PassManager("quantize", ctx=PassContext(options={"quantize": {"methd": "minmax"}})).run(parse_graph(NET))
+
+
+# ---- the verifier on quantized ops ------------------------------------------------------------------
+Q = "!quant.uniform<u8:f32, 0.1:128>"
+
+
+@pytest.mark.parametrize("body, message", [
+    ("%q = QuantizeLinear(%x) : tensor<4xf32>", "result %q must have a quantized type"),
+    (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %d = DequantizeLinear(%x) : tensor<4xf32>",
+     "DequantizeLinear operand must have a quantized type"),
+    (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = QLinearAdd(%q, %q) {{multiplier = [1073741824], shift = [31]}} : tensor<4x{Q}>",
+     "QLinearAdd takes multiplier \\[m_a, m_b\\] and one shared shift"),
+    (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = QLinearAdd(%q, %q) {{activation = \"Sigmoid\", multiplier = [1, 1], shift = [31]}} : tensor<4x{Q}>",
+     "activation 'Sigmoid' cannot fold into the output clamp"),
+    (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = Requantize(%q) {{multiplier = [1], shift = [64]}} : tensor<4x{Q}>",
+     "shifts in \\[0, 63\\]"),
+])
+def test_verifier_messages(body, message):
+    g = parse_graph(f"graph @g(%x: tensor<4xf32>) {{\n  {body}\n  return %x\n}}")
+    with pytest.raises(IRError, match=message):
+        g.verify()
+
+
+def test_verifier_checks_conv_operands():
+    base = """graph @g(%x: tensor<1x2x3x3x!quant.uniform<u8:f32, 0.5:128>>) {
+  %w = const dense<1> : tensor<2x2x1x1x!quant.uniform<i8:f32:0, {0.25:0, 0.5:0}>>
+  %b = const dense<1> : tensor<2x!quant.uniform<i32:f32:0, {BIAS}>>
+  %y = QLinearConv(%x, %w, %b) {multiplier = [1073741824, 1073741824], shift = [31, 31]} : tensor<1x2x3x3x!quant.uniform<u8:f32, 1.0:0>>
+  return %y
+}"""
+    parse_graph(base.replace("BIAS", "0.125:0, 0.25:0")).verify()
+    with pytest.raises(IRError, match="bias scale must be input scale x weight scale"):
+        parse_graph(base.replace("BIAS", "0.125:0, 0.5:0")).verify()
+    with pytest.raises(IRError, match="weight must be quantized symmetrically"):
+        parse_graph(base.replace("{0.25:0, 0.5:0}", "{0.25:1, 0.5:0}").replace("BIAS", "0.125:0, 0.25:0")).verify()
+    with pytest.raises(IRError, match="3 multipliers / 3 shifts for 2 output channels"):
+        parse_graph(base.replace("BIAS", "0.125:0, 0.25:0").replace("shift = [31, 31]", "shift = [31, 31, 31]")
+                    .replace("multiplier = [1073741824, 1073741824]", "multiplier = [1073741824, 1073741824, 1]")).verify()
