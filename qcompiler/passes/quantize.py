@@ -1,8 +1,8 @@
 """``quantize``: post-training static quantization to integer-only ops.
 
 Runs after the default pipeline (BatchNorm folded, activations fused into FusedConv/FusedGemm);
-not part of it. Activations become asymmetric uint8 (or int8), weights symmetric int8 per output
-channel (or per tensor), biases int32. A real value r is stored as q with r = s (q - z), so a conv
+not part of it. Activations become asymmetric uint8 (or int8, or symmetric int8 for TensorRT),
+weights symmetric int8 per output channel (or per tensor), biases int32. A real value r is stored as q with r = s (q - z), so a conv
 
     y[o] = Σ x * w[o] + b[o]  ≈  s_x s_w[o] (Σ (x_q - z_x) w_q[o] + b_q[o]) = s_x s_w[o] acc[o]
     y_q[o] = z_y + M[o] acc[o],   M[o] = s_x s_w[o] / s_y   (fixed point: qcompiler.quant.requant)
@@ -88,7 +88,8 @@ class QuantizeOptions:
     percentile: float = 99.99              # for method = percentile
     per_channel: bool = True               # int8 weights: one scale per output channel, else per tensor
     calib: Any = None                      # calibration feeds (a quant.data.Dataset); None: random, warned
-    activation_dtype: str = "uint8"        # uint8 or int8 (asymmetric either way)
+    activation_dtype: str = "uint8"        # uint8 or int8
+    symmetric_activations: bool = False    # zero point 0, int8 (what TensorRT's explicit quantization takes)
     keep_float: frozenset = frozenset()    # op names or op kinds that stay float
     ranges: dict = field(default_factory=dict)   # value name -> (lo, hi): given ranges win over calibration
     random_samples: int = 16               # feeds of random data when calib is None
@@ -100,6 +101,9 @@ class QuantizeOptions:
         self.method = Method(self.method).value
         if self.activation_dtype not in ("uint8", "int8"):
             _bad("activation_dtype", self.activation_dtype, ["uint8", "int8"])
+        if self.symmetric_activations and self.activation_dtype != "int8":
+            raise UserError("symmetric activations need activation_dtype int8", "quantize options",
+                            "set activation_dtype='int8' or symmetric_activations=False")
         if not 0 < self.percentile <= 100:
             raise UserError(f"percentile {self.percentile} outside (0, 100]", "quantize options",
                             "give e.g. 99.99")
@@ -263,7 +267,8 @@ def _params(graph: Graph, p: _Plan, opts: QuantizeOptions, info: dict) -> tuple[
     need = [v for v in p.out.values()] + [op.result for op, r in p.role.items() if r == "concat"]
     need += sorted(p.boundary, key=lambda v: v.name)
     ranges = _ranges(graph, list(dict.fromkeys(v.name for v in need)), opts, info)
-    P = {v: qpm.asymmetric(*ranges[v.name], opts.activation_dtype) for v in need}
+    scheme = qpm.symmetric if opts.symmetric_activations else qpm.asymmetric
+    P = {v: scheme(*ranges[v.name], opts.activation_dtype) for v in need}
     made_by = {v: op for op, v in p.out.items()}
     for op, role in p.role.items():                 # concat inputs take the output's params if free to
         if role == "concat":
@@ -463,7 +468,8 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     rw = _Rewriter(graph, plan, P, ranges, opts)
     rw.run()
     graph.meta["quant"] = {
-        "scheme": {"activations": f"{opts.activation_dtype} asymmetric per tensor",
+        "scheme": {"activations": f"{opts.activation_dtype} "
+                                  f"{'symmetric' if opts.symmetric_activations else 'asymmetric'} per tensor",
                    "weights": "int8 symmetric " + ("per channel" if opts.per_channel else "per tensor"),
                    "bias": "int32", "method": opts.method, **info},
         "layers": rw.layers,

@@ -15,7 +15,10 @@ from the ONNX model under the same name)::
     Relu/Clip/Pad/GlobalMaxPool      ->  DQ -> op -> Q     (on quantized values; ONNX has no uint8 form)
     MaxPool, Reshape, Flatten, Transpose, Concat, ... on quantized: the op on the uint8 tensor
 
-int8 weights and int32 biases stay integer initializers (per-channel DequantizeLinear, axis 0).
+int8 weights and int32 biases stay integer initializers (per-channel DequantizeLinear, axis 0);
+``float_bias=True`` writes biases as float initializers instead. For TensorRT (int8, zero point 0
+only) quantize with ``activation_dtype="int8", symmetric_activations=True`` and export with
+``float_bias=True``.
 Each use of a quantized value gets its own DequantizeLinear, as onnxruntime's QDQ fusion wants.
 Runtimes fuse DQ -> Conv -> Q into their own integer conv with a *float* requantization scale, so
 their results may differ from qcompiler's fixed-point arithmetic by 1 LSB where a value rounds
@@ -32,6 +35,7 @@ from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
 from ..ir.types import TensorType
 from ..passes._common import make_activation
+from .qparams import dequantize
 
 _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearAdd": "Add",
                "QLinearGlobalAveragePool": "GlobalAveragePool", "QLinearAveragePool": "AveragePool",
@@ -39,35 +43,40 @@ _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearA
 _DROP = ("multiplier", "shift")
 
 
-def export_qdq(graph: Graph) -> onnx.ModelProto:
-    return export_onnx(to_qdq_graph(graph))
+def export_qdq(graph: Graph, *, float_bias: bool = False) -> onnx.ModelProto:
+    """``float_bias``: biases as float initializers (b_q * s_x * s_w) instead of int32 + DQ, as
+    TensorRT wants (with ``symmetric_activations`` int8 params from the quantize pass)."""
+    return export_onnx(to_qdq_graph(graph, float_bias=float_bias))
 
 
-def save_qdq(graph: Graph, path: "str | os.PathLike") -> None:
+def save_qdq(graph: Graph, path: "str | os.PathLike", *, float_bias: bool = False) -> None:
     """Export ``graph`` as QDQ ONNX and write it to ``path`` atomically (as save_onnx does)."""
-    save_onnx(to_qdq_graph(graph), path)
+    save_onnx(to_qdq_graph(graph, float_bias=float_bias), path)
 
 
-def to_qdq_graph(graph: Graph) -> Graph:
+def to_qdq_graph(graph: Graph, *, float_bias: bool = False) -> Graph:
     """A copy of ``graph`` with every integer op expanded to DQ -> float op -> Q."""
     g = graph.clone()
     for op in g.ops:
         if op.kind in _FLOAT_FORM and op.results and op.result.type.quant is not None:
-            _expand(g, op)
+            _expand(g, op, float_bias)
+    g.remove_unused_consts()
     return g
 
 
-def _dq(g: Graph, v: Value, anchor: Op) -> Value:
+def _dq(g: Graph, v: Value, anchor: Op, float_bias: bool = False) -> Value:
     if v.type.quant is None:
         return v
+    if float_bias and v.is_const and v.dtype == "int32":
+        return g.add_const(dequantize(v.data, v.type.quant), v.name + "_float")
     return g.create_op("DequantizeLinear", [v], name=f"{anchor.name}/dq", result_names=[v.name + "_dq"],
                        before=anchor).result
 
 
-def _expand(g: Graph, op: Op) -> None:
+def _expand(g: Graph, op: Op, float_bias: bool) -> None:
     r, name, rname = op.result, op.name, op.result.name
     kind = _FLOAT_FORM[op.kind]
-    xs = [_dq(g, v, op) for v in op.operands]
+    xs = [_dq(g, v, op, float_bias) for v in op.operands]
     y = xs[0]
     if kind is not None:
         attrs = {k: v for k, v in op.attrs.items() if k not in _DROP}

@@ -57,6 +57,7 @@ def test_onnxruntime_fuses_and_agrees_with_the_reference(net, tmp_path):
     g, m = net
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     fused = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
     assert "QLinearConv" in fused                       # ORT recognized DQ -> Conv -> Q
@@ -122,3 +123,22 @@ def test_save_qdq(net, tmp_path):
     g, m = net
     save_qdq(g, tmp_path / "m.int8.onnx")
     assert onnx.load(tmp_path / "m.int8.onnx").graph.node[0].op_type == m.graph.node[0].op_type
+
+
+def test_symmetric_int8_activations_and_float_bias_for_tensorrt():
+    """TensorRT's explicit quantization: int8 with zero point 0 everywhere, float biases."""
+    g = parse_graph(NET)
+    opts = QuantizeOptions(ranges=RANGES, activation_dtype="int8", symmetric_activations=True)
+    PassManager("quantize", ctx=PassContext(options={"quantize": opts})).run(g)
+    qps = [v.type.quant for v in g.values() if v.type.quant is not None]
+    assert all(z == 0 for qp in qps for z in qp.zero_point)
+    m = export_qdq(g, float_bias=True)
+    onnx.checker.check_model(m)
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    assert inits["b_q_float"].dtype == np.float32 and "b_q" not in inits
+    assert not any(n.op_type == "DequantizeLinear" and n.input[0] == "b_q" for n in m.graph.node)
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 2, 3, 3)).astype(np.float32)
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, reference.run(g, {"x": x})[0], atol=0.03)
+    with pytest.raises(Exception, match="symmetric activations need activation_dtype int8"):
+        QuantizeOptions(symmetric_activations=True)
