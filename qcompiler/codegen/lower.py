@@ -316,8 +316,9 @@ def _hint(name: str) -> str:
 
 def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
     """The Relax module for ``graph`` on ``spec`` (x86: scheduled TIR kernels)."""
-    if spec.family != "x86":
-        raise LoweringError(f"lower() handles the x86 target; got '{spec.family}'")
+    if spec.family not in ("x86", "arm"):
+        raise LoweringError(f"lower() handles CPU targets (x86; arm with 4-lane NEON vectors, untested); "
+                            f"got '{spec.family}'")
     if spec.dtype not in ("fp32", "fp16"):
         raise LoweringError(f"x86 lowering supports --dtype fp32 and fp16, not {spec.dtype}")
     return _Lowering(graph, spec).run()
