@@ -1,6 +1,6 @@
 """A user-written pass: HardSigmoid(x; alpha, beta) -> Clip(alpha*x + beta, 0, 1).
 
-    qcompile model.onnx --plugin examples/custom_pass.py --passes default,hardsigmoid-to-clip
+    qcompile model.onnx --plugin examples/custom_pass.py --passes hardsigmoid-to-clip,default
 
 HardSigmoid is defined as max(0, min(1, alpha*x + beta)), so the two forms compute the same values
 (to float rounding of the product); a target without a HardSigmoid kernel can run the Clip form.

@@ -71,6 +71,13 @@ class _Lexer:
         return self.regex(_IDENT, "a name")
 
     def string(self) -> str:
+        self.ws()
+        if self.s.startswith('"', self.i):            # fast path: no escapes (e.g. base64 blobs)
+            j = self.s.find('"', self.i + 1)
+            if j > 0 and self.s.find("\\", self.i + 1, j) < 0:
+                seg = self.s[self.i + 1:j]
+                self.i = j + 1
+                return seg
         return json.loads(self.regex(_STR, "a string"))
 
     def number(self):
