@@ -43,6 +43,19 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                    help="print the IR after the named passes (comma-separated) or after all")
     p.add_argument("--time-passes", action="store_true", help="print the time spent in each pass")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    q = p.add_argument_group("quantization (with the 'quantize' pass or --dtype int8)")
+    q.add_argument("--calib", default=None, metavar="PATH|random",
+                   help="calibration data: a folder of images, a .npy/.npz with a leading sample "
+                        "dimension, or 'random' (not representative; warns)")
+    q.add_argument("--calib-samples", type=int, default=256, metavar="N", help="samples to calibrate on (default 256)")
+    q.add_argument("--calib-method", default="minmax", choices=("minmax", "percentile", "entropy", "mse"),
+                   help="activation range method (default minmax)")
+    q.add_argument("--percentile", type=float, default=99.99, help="for --calib-method percentile (default 99.99)")
+    q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
+    q.add_argument("--preprocess", default=None, metavar="ITEMS",
+                   help="for image folders: e.g. 'imagenet,bgr' or 'resize=256,mean=0.5,std=0.5,scale=1/255,nhwc'")
+    q.add_argument("--keep-float", action="append", default=[], metavar="NAME|KIND",
+                   help="keep these ops (by name or kind) in float (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,12 +153,39 @@ def load_model(args):
     return import_onnx(args.model, parse_input_shapes(args.input_shape) or None)
 
 
+def quantize_options(graph, args):
+    """QuantizeOptions from the calibration flags; calibration data is required (or 'random')."""
+    from .passes.quantize import QuantizeOptions
+    from .quant.data import Preprocess, open_dataset
+    if args.calib is None:
+        raise UserError("quantization needs calibration data", "--calib",
+                        "give --calib DATA.npz|IMAGE_FOLDER, or --calib random to calibrate on noise")
+    if args.calib_samples <= 0:
+        raise UserError(f"--calib-samples must be positive, got {args.calib_samples}", "--calib-samples")
+    calib = None
+    if args.calib != "random":
+        pre = Preprocess.parse(args.preprocess) if args.preprocess else None
+        calib = open_dataset(args.calib, graph.inputs, samples=args.calib_samples, preprocess=pre,
+                             batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
+    return QuantizeOptions(method=args.calib_method, percentile=args.percentile, per_channel=not args.per_tensor,
+                           calib=calib, keep_float=frozenset(args.keep_float),
+                           random_samples=min(args.calib_samples, 64))
+
+
 def run_pipeline(graph, args, log):
-    from .passes import PassManager
-    pm = PassManager(args.passes, print_ir_after=args.print_ir_after, time_passes=args.time_passes,
-                     out=sys.stdout)
+    from .passes import PassContext, PassManager, parse_pipeline
+    pipeline = parse_pipeline(args.passes)
+    ctx = PassContext(log=log)
+    if "quantize" in pipeline:
+        ctx.options["quantize"] = quantize_options(graph, args)
+    pm = PassManager(pipeline, print_ir_after=args.print_ir_after, time_passes=args.time_passes,
+                     out=sys.stdout, ctx=ctx)
     pm.run(graph)
     return pm
+
+
+def is_quantized(graph) -> bool:
+    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize") for op in graph.ops)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -206,7 +246,11 @@ def cmd_convert(args, log) -> int:
         raise UserError("output would overwrite the input model", args.output, "choose another -o")
     g = load_model(args)
     pm = run_pipeline(g, args, log) if args.passes not in (None, "none") else None
-    save_onnx(g, args.output)
+    if is_quantized(g):
+        from .quant.qdq_export import save_qdq
+        save_qdq(g, args.output)        # standard QDQ ONNX that ONNX Runtime and TensorRT accept
+    else:
+        save_onnx(g, args.output)
     log(f"wrote {args.output}: {len(g)} ops" + (f" after {', '.join(t.name for t in pm.timings)}" if pm else ""))
     return 0
 

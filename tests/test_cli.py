@@ -168,3 +168,30 @@ def test_help_lists_commands(capsys):
     assert e.value.code == 0
     for cmd in ("inspect", "convert", "run", "compile", "--target"):
         assert cmd in out
+
+
+FASHION = os.path.join(ROOT, "models", "fashion_mobilenet.onnx")
+FASHION_DATA = os.path.join(ROOT, "models", "fashion_test.npz")
+
+
+def test_quantize_without_calibration_data_is_refused(tmp_path, capsys):
+    out = tmp_path / "q.onnx"
+    code, _, err = run(capsys, "convert", FASHION, "-o", str(out), "--passes", "default,quantize")
+    assert code == 2 and "quantization needs calibration data" in err and not out.exists()
+
+
+def test_convert_with_quantize_writes_qdq_that_onnxruntime_runs_accurately(tmp_path, capsys):
+    """Calibrate on 200 held-back images, evaluate the QDQ model in ORT on 500 others."""
+    out = tmp_path / "fashion_qdq.onnx"
+    code, _, err = run(capsys, "convert", FASHION, "-o", str(out), "--passes", "default,quantize",
+                       "--calib", FASHION_DATA, "--calib-samples", "200", "-q")
+    assert code == 0, err
+    kinds = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= kinds
+    d = np.load(FASHION_DATA)
+    x, y = d["x"][500:], d["y"][500:]
+    ref_sess, q_sess = rm.ort_session(FASHION), rm.ort_session(str(out))
+    ref = np.concatenate([ref_sess.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
+    got = np.concatenate([q_sess.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
+    acc_ref, acc_q = (ref.argmax(1) == y).mean() * 100, (got.argmax(1) == y).mean() * 100
+    assert acc_q >= acc_ref - 1.0, (acc_ref, acc_q)
