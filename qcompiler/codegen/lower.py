@@ -25,6 +25,18 @@ then dlight's Matmul/GEMV/Reduction/GeneralReduction/Fallback rules) binds them 
 Correct, not fast: convolutions get dlight's generic rules (one thread per output element, serial
 reduction). bf16 is not lowered yet (numpy has no bfloat16 for the weight constants).
 
+Quantized graphs (made by the quantize pass; any ``spec.dtype``, "int8" included): every integer op
+kind lowers through :mod:`.kernels.quant` (QuantizeLinear, DequantizeLinear, QLinearConv incl.
+depthwise/groups, QLinearGemm, QLinearAdd, QLinearGlobalAveragePool, QLinearAveragePool, Requantize;
+MaxPool/GlobalMaxPool/Relu/Clip/Pad on stored integers; the data-movement ops as for floats).
+uint8/int8 activations use the same NCHW{b}c layouts and hand schedules as fp32; conv/gemm
+accumulate u8/s8 x s8 products (formed in int16) in int32 with the zero point folded into a
+per-channel int32 bias, and the fixed-point requantization (int64, per-channel m/shift, fused
+Relu/Clip clamp) is the kernel's fused epilogue, as is a following QLinearAdd (residual) or
+DequantizeLinear. Bit-exact with qcompiler.quant.reference (tests/codegen/test_x86_int8.py).
+x86 is tested; arm and cuda build the same computes (arm: x86 schedules with 4-lane blocks, cuda:
+dlight) but are not run yet. No VNNI/AVX2 u8xs8 tensor intrinsic yet.
+
 Precision: with ``spec.dtype == "fp16"`` every float activation and weight is stored as float16;
 all arithmetic (conv/gemm accumulation, softmax, reductions, normalization, activations) is done
 in float32, each kernel casting on load and store; model inputs and outputs stay float32.
@@ -56,6 +68,7 @@ from .fusion import ANCHORS, Group, plan
 from .kernels import conv as kconv
 from .kernels import elementwise as kelem
 from .kernels import linalg as klin
+from .kernels import quant as kquant
 from .kernels import reduce as kred
 from .kernels import shape as kshape
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
@@ -78,7 +91,15 @@ ANCHOR_BUILDERS = {
     "LayerNormalization": kred.layernorm,
     **{k: (lambda kind: lambda c, a, i, o: kred.reduce(c, a, i, o, kind))(k) for k in kred.REDUCERS},
 }
-LAZY_BUILDERS = {**kelem.BUILDERS, **kshape.BUILDERS}
+# quantized ops (integer kernels, kernels/quant.py) and the plain ops that may take stored integers
+ANCHOR_BUILDERS.update(kquant.ANCHOR_BUILDERS)
+ANCHOR_BUILDERS["MaxPool"] = lambda c, a, i, o, f=ANCHOR_BUILDERS["MaxPool"]: kquant.maxpool(c, a, i, o, f)
+ANCHOR_BUILDERS["GlobalMaxPool"] = (lambda c, a, i, o, f=ANCHOR_BUILDERS["GlobalMaxPool"]:
+                                    kquant.global_maxpool(c, a, i, o, f))
+LAZY_BUILDERS = {**kelem.BUILDERS, **kshape.BUILDERS, **kquant.LAZY_BUILDERS}
+for _k in ("Relu", "Clip"):
+    LAZY_BUILDERS[_k] = lambda c, a, i, o, f=LAZY_BUILDERS[_k]: kquant.relu_clip(c, a, i, o, f)
+LAZY_BUILDERS["Pad"] = lambda c, a, i, o, f=LAZY_BUILDERS["Pad"]: kquant.pad(c, a, i, o, f)
 
 
 def vector_width(spec: TargetSpec) -> int:
@@ -347,8 +368,9 @@ def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
     plain-layout TIR kernels that tvm.compile's CUDA pipeline schedules with dlight)."""
     if spec.family not in ("x86", "arm", "cuda"):
         raise LoweringError(f"lower() handles x86, arm and cuda targets; got '{spec.family}'")
-    if spec.dtype not in ("fp32", "fp16"):
-        raise LoweringError(f"the lowering supports --dtype fp32 and fp16, not {spec.dtype}")
+    if spec.dtype not in ("fp32", "fp16", "int8"):
+        raise LoweringError(f"the lowering supports --dtype fp32, fp16 and int8 (an already quantized "
+                            f"graph), not {spec.dtype}")
     return _Lowering(graph, spec).run()
 
 

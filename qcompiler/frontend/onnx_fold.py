@@ -26,14 +26,33 @@ NO_FOLD = frozenset({
 
 
 def node_attrs(n: onnx.NodeProto) -> dict:
-    """The node's attributes as Python values (strings decoded, tensors kept as TensorProto)."""
+    """The node's attributes as Python values (strings decoded, tensors kept as TensorProto).
+
+    Each attribute's type is checked against the operator's schema: a corrupt or hand-edited model
+    gets a UserError naming the node, not a crash in a converter."""
+    from ..errors import UserError
+    try:
+        schema = onnx.defs.get_schema(n.op_type, domain=n.domain or "")
+        expected = {k: v.type for k, v in schema.attributes.items()}
+    except Exception:                       # unknown ops are reported elsewhere
+        expected = {}
     out = {}
     for a in n.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [x.decode() for x in v]
+        where = f"node {n.op_type} '{n.name}'"
+        if a.name in expected and a.type != expected[a.name]:
+            raise UserError(f"attribute '{a.name}' has type {onnx.AttributeProto.AttributeType.Name(a.type) if a.type in onnx.AttributeProto.AttributeType.values() else a.type}, "
+                            f"the operator expects {onnx.AttributeProto.AttributeType.Name(expected[a.name])}",
+                            where, "the model is malformed; re-export it")
+        try:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode() for x in v]
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UserError(f"attribute '{a.name}' cannot be read ({e})", where, "the model is malformed; re-export it") from None
+        if v is None:
+            raise UserError(f"attribute '{a.name}' has no value", where, "the model is malformed; re-export it")
         out[a.name] = v
     return out
 
@@ -299,7 +318,7 @@ def eval_ort(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], opset: 
                                   else onnx.ValueInfoProto(name=o) for o in outs)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 3
+        so.log_severity_level = 4       # fatal only: errors become our own messages
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         values = sess.run(outs, {})
     except Exception as e:

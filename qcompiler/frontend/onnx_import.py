@@ -26,14 +26,27 @@ from onnx import helper, numpy_helper
 from ..errors import UserError
 from ..ir import Graph, Value
 from ..ir.ops import InferError
+
+
+def dtype_name(code: int) -> str:
+    """ONNX's name for an element type code, also for codes it does not define."""
+    try:
+        return onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        return f"code {code} (not an ONNX type)"
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, load_model, node_label
 from .onnx_ops import CONVERTERS
 
 
-class ImportMismatch(RuntimeError):
-    """The IR's type inference and ONNX's disagree on a value: a bug in the importer."""
+class ImportMismatch(UserError):
+    """The IR's type inference and ONNX's disagree on a value: a malformed model, or a bug in the
+    importer. Reported like bad input (one line, exit 2), asking for a report if ORT runs the model."""
+
+    def __init__(self, what: str):
+        super().__init__(what, "ONNX shape inference cross-check",
+                         "the model may be malformed; if ONNX Runtime runs it, please report this qcompiler bug")
 
 
 def supported_ops() -> list[str]:
@@ -102,7 +115,7 @@ def _input_types(model, inits, input_shapes, where) -> list[tuple[str, TensorTyp
         tt = v.type.tensor_type
         dtype = _np_dtype_name(tt.elem_type)
         if dtype is None:
-            raise UserError(f"has unsupported element type {onnx.TensorProto.DataType.Name(tt.elem_type)}", w,
+            raise UserError(f"has unsupported element type {dtype_name(tt.elem_type)}", w,
                             "use a numeric input type")
         declared = None
         if tt.HasField("shape"):

@@ -138,9 +138,20 @@ def node_label(n: onnx.NodeProto, i: int | None = None) -> str:
     return f"{n.op_type} '{name}'" if name else n.op_type
 
 
+def _check_text(gr: onnx.GraphProto, where: str) -> None:
+    """Every name and op type must be text: protobuf hands back bytes for invalid UTF-8 (a corrupt file)."""
+    names = [t.name for t in gr.initializer] + [v.name for v in (*gr.input, *gr.output, *gr.value_info)]
+    for n in gr.node:
+        names += [n.op_type, n.domain, n.name, *n.input, *n.output]
+    if any(not isinstance(x, str) for x in names):
+        raise UserError("a name or operator type is not valid UTF-8 text", where,
+                        "the file is corrupt; re-export or re-download the model")
+
+
 def check_graph(model: onnx.ModelProto, where: str) -> list[onnx.NodeProto]:
     """Check names, domains and acyclicity; return the nodes in topological order."""
     gr = model.graph
+    _check_text(gr, where)
     defined: dict[str, str] = {}
 
     def define(name: str, what: str):

@@ -80,7 +80,7 @@ def observe(graph: Any, dataset: Iterable[Feed], values: list[str],
         fetch.append(name)
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4       # fatal only
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     batch = _model_batch(inputs)
     total = len(dataset) if hasattr(dataset, "__len__") else None   # type: ignore[arg-type]

@@ -374,7 +374,7 @@ def _ort_float(op: Op, xs: list) -> list:
         new = g.create_op(op.kind, ins, dict(op.attrs), result_types=[r.type for r in op.results])
         g.outputs = list(new.results)
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4       # fatal only: errors become our own messages
         sess = _SESSIONS[op] = ort.InferenceSession(export_onnx(g).SerializeToString(), so,
                                                      providers=["CPUExecutionProvider"])
     declared = [v.shape for v in op.operands]

@@ -1,0 +1,334 @@
+"""Integer (quantized) kernels: QLinearConv/Gemm/Add/pools, Requantize, Quantize/DequantizeLinear,
+and the quantization-aware variants of plain ops (MaxPool, Relu/Clip, Pad) on stored integers.
+
+Every kernel computes exactly the formulas of :mod:`qcompiler.ir.ops` / :mod:`qcompiler.quant.reference`
+(the oracle), bit for bit:
+
+* the int32 accumulator of QLinearConv/QLinearGemm is ``Σ xq * wq`` on the *stored* integers
+  (uint8/int8 widened to int32), the zero point folded at compile time into a per-channel int32
+  constant ``bias_c - z_x * Σ_k w[c, k]``; padding stores ``z_x`` so that it contributes exactly
+  ``z_x * w`` and cancels. ``Σ (x - z_x) w == Σ x w - z_x Σ w`` holds in modular int32 arithmetic,
+  and the true accumulator fits int32 (the reference checks it), so wrap-around cannot change it.
+* the requantization epilogue ``clamp(z_out + ((acc * m + 2^(s-1)) >> s), lo, hi)`` is computed in
+  int64 (exact, arithmetic shift), with per-channel ``m``/``s`` as compile-time int64 arrays
+  (or immediates when they are uniform), fused into the kernel's write-back.
+* QuantizeLinear divides in float32 (like ONNX Runtime), rounds half to even (``nearbyint``),
+  adds the zero point and saturates; NaN becomes 0 as in the reference.
+
+Layouts are those of the float kernels (:mod:`.conv`): uint8/int8 activations NCHW{b}c, so the
+same hand schedules (``conv2d``, ``depthwise``, ``pool``, ``dense``) register-block and vectorize
+the int32 accumulators over output channels.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from ...ir.types import INT_RANGES
+from ...quant.qparams import quantize as np_quantize
+from ...quant.requant import activation_clamp
+from .conv import _attrs2d, _reg_n, pack_input, pick_block
+from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
+
+I32, I64, F32 = "int32", "int64", "float32"
+I16 = "int16"
+
+
+def _mul(x, w):
+    """x (uint8/int8) times w (int8) as int32: the product is formed in int16 (|x w| <= 255*128
+    fits exactly), which LLVM vectorizes as 16-bit multiplies (vpmullw / vpmaddwd) instead of
+    32-bit ones (vpmulld: half the throughput)."""
+    return cast(cast(x, I16) * cast(w, I16), I32)
+
+
+def _qp(ctx, i):
+    return ctx.op.operands[i].type.quant
+
+
+def _zp(ctx, i) -> int:
+    return int(_qp(ctx, i).zero_point[0])
+
+
+def _channel_vec(ctx, vals, dtype, name):
+    """``f(c)``: element c of a per-channel list (an immediate when all entries are equal)."""
+    vals = [int(v) for v in vals]
+    if len(set(vals)) == 1:
+        c = tirx.const(vals[0], dtype)
+        return lambda ch: c
+    p = ctx.param(np.asarray(vals, dtype), name)
+    return lambda ch: p[ch]
+
+
+def requant_fn(ctx, a, out_type, channels: int | None):
+    """``rq(acc, ch)``: the fixed-point requantization of an int32/int64 expression, as int64,
+    clamped to [lo, hi] of the output (fused Relu/Clip included)."""
+    qp = out_type.quant
+    lo, hi = activation_clamp(a.get("activation", "") or "", a.get("activation_params") or [], qp)
+    m, s = list(a["multiplier"]), list(a["shift"])
+    n = channels or 1
+    if len(m) == 1:
+        m = m * n
+    if len(s) == 1:
+        s = s * n
+    rnd = [(1 << (int(x) - 1)) if int(x) > 0 else 0 for x in s]
+    fm = _channel_vec(ctx, m, I64, "rq_m")
+    fs = _channel_vec(ctx, s, I64, "rq_s")
+    fr = _channel_vec(ctx, rnd, I64, "rq_r")
+    zo = tirx.const(int(qp.zero_point[0]), I64)
+    lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
+
+    def rq(acc, ch=None):
+        ch = ch if ch is not None else tirx.const(0, I32)
+        v = cast(acc, I64) * fm(ch) + fr(ch)
+        v = tirx.shift_right(v, fs(ch)) + zo
+        return tirx.max(tirx.min(v, hi_c), lo_c)
+    return rq
+
+
+# ---- QLinearConv ----------------------------------------------------------------------------------
+def qconv2d(ctx, a, ins, outs):
+    x = ins[0]
+    w = ctx.const_data(1)
+    if w is None or x.rank != 4:
+        raise NotImplementedError("QLinearConv needs a constant weight and a 2-D image input")
+    zx = _zp(ctx, 0)
+    bias = ctx.const_data(2)
+    out_shape = outs[0].shape
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    g = a["group"]
+    kg = k // g
+    (sh, sw), (dh, dw), pads = _attrs2d(a)
+    oh, ow = out_shape[2:]
+    vw = ctx.vw
+    w32 = w.astype(np.int64)
+    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
+        - zx * w32.reshape(k, -1).sum(axis=1)
+    if cg == 1 and kg == 1 and g > 1:
+        b = x.block if x.block and c % x.block == 0 else pick_block(c, vw)
+        P, padded = pack_input(x, b, pads, fill=zx)
+        wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), "qw_dw")
+        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+        acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
+            _mul(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], wp[co, rh, rw, ci]),
+            axis=[rh, rw]), name="conv")
+        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded, block=b)
+        bo = b
+    else:
+        bo = pick_block(kg, vw)
+        if kg % (2 * vw) == 0 and ow >= 8:
+            bo = 2 * vw
+        bi = x.block if x.block and cg % x.block == 0 else pick_block(cg, vw, allow_small_full=True)
+        P, padded = pack_input(x, bi, pads, fill=zx)
+        wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), "qw_conv")
+        ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
+        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+        per_group = cg // bi
+
+        def body(i, ko, y, xx, ki):
+            base = ((ko * bo) // kg) * per_group if g > 1 else 0
+            return te.sum(_mul(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici],
+                               wp[ko, ico, rh, rw, ici, ki]), axis=[ico, rh, rw, ici])
+        acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
+        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
+    accb = Buf(acc, out_shape, I32, bo)
+    fb = _channel_vec(ctx, fold, I32, "qbias")
+    rq = requant_fn(ctx, a, outs[0], k)
+    return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(accb.at(idx) + fb(idx[1]), idx[1]))]
+
+
+# ---- QLinearGemm ----------------------------------------------------------------------------------
+def qgemm(ctx, a, ins, outs):
+    A = ins[0]
+    w = ctx.const_data(1)                       # N x K
+    if w is None:
+        raise NotImplementedError("QLinearGemm needs a constant weight")
+    za = _zp(ctx, 0)
+    bias = ctx.const_data(2)
+    m, n = outs[0].shape
+    kk = w.shape[1]
+    fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
+        - za * w.astype(np.int64).sum(axis=1)
+    bn = pick_block(n, ctx.vw)
+    if bn < ctx.vw and n > ctx.vw:
+        bn = ctx.vw
+    npad = -(-n // bn) * bn
+    wmat = w.T                                   # K x N
+    if npad != n:
+        wmat = np.concatenate([wmat, np.zeros((kk, npad - n), w.dtype)], axis=1)
+    wp = ctx.param(np.ascontiguousarray(wmat.reshape(kk, npad // bn, bn).transpose(1, 0, 2)), "qw_dense")
+    rk = te.reduce_axis((0, kk), "rk")
+    d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
+        _mul(A.at((i, rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
+    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
+    ctx.schedule("dense", mb=mb)
+    fb = _channel_vec(ctx, fold, I32, "qbias")
+    rq = requant_fn(ctx, a, outs[0], n)
+    return [Lazy((m, n), outs[0].dtype,
+                 lambda idx: rq(d[idx[0], idx[1] // bn, idx[1] % bn] + fb(idx[1]), idx[1]))]
+
+
+# ---- pools ----------------------------------------------------------------------------------------
+def qglobal_avgpool(ctx, a, ins, outs):
+    x = ins[0]
+    if x.rank != 4:
+        raise NotImplementedError(f"QLinearGlobalAveragePool of rank {x.rank}")
+    n, c, h, w = x.shape
+    b = x.block or 1
+    zx = _zp(ctx, 0)
+    rh, rw = te.reduce_axis((0, h), "rh"), te.reduce_axis((0, w), "rw")
+    acc = compute((n, c // b, 1, 1, b), lambda i, co, y, xx, ci: te.sum(
+        cast(x.at((i, co * b + ci, rh, rw)), I32), axis=[rh, rw]), name="pool")
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
+    accb = Buf(acc, outs[0].shape, I32, b) if x.block else Buf(acc, outs[0].shape, I32, 0)
+    rq = requant_fn(ctx, a, outs[0], None)
+    off = tirx.const(h * w * zx, I32)
+    return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(accb.at(idx) - off))]
+
+
+def qavgpool(ctx, a, ins, outs):
+    x = ins[0]
+    if x.rank != 4:
+        raise NotImplementedError(f"QLinearAveragePool of rank {x.rank}")
+    n, c, h, w = x.shape
+    oh, ow = outs[0].shape[2:]
+    kh, kw = a["kernel_shape"]
+    (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
+    b = x.block or 1
+    zx = tirx.const(_zp(ctx, 0), I32)
+    rh, rw = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+
+    def body(i, co, y, xx, ci):
+        iy, ix = y * sh - pt + rh * dh, xx * sw - pl + rw * dw
+        ok = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        return te.sum(tirx.if_then_else(ok, cast(x.at((i, co * b + ci, iy, ix)), I32) - zx,
+                                        tirx.const(0, I32)), axis=[rh, rw])
+    acc = compute((n, c // b, oh, ow, b), body, name="pool")
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
+    accb = Buf(acc, outs[0].shape, I32, b) if x.block else Buf(acc, outs[0].shape, I32, 0)
+    rq = requant_fn(ctx, a, outs[0], None)
+    return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(accb.at(idx)))]
+
+
+def maxpool(ctx, a, ins, outs, float_builder):
+    """MaxPool: the float kernel, or on stored integers (padding with the storage minimum)."""
+    x = ins[0]
+    if x.dtype not in INT_RANGES:
+        return float_builder(ctx, a, ins, outs)
+    if x.rank != 4:
+        raise NotImplementedError(f"MaxPool of rank {x.rank}")
+    n, c, h, w = x.shape
+    oh, ow = outs[0].shape[2:]
+    kh, kw = a["kernel_shape"]
+    (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
+    b = x.block or 1
+    low = const(INT_RANGES[x.dtype][0], x.dtype)
+    rh, rw = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+
+    def body(i, co, y, xx, ci):
+        iy, ix = y * sh - pt + rh * dh, xx * sw - pl + rw * dw
+        ok = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        return te.max(tirx.if_then_else(ok, x.at((i, co * b + ci, iy, ix)), low), axis=[rh, rw])
+    acc = compute((n, c // b, oh, ow, b), body, name="pool")
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
+    return [Buf(acc, outs[0].shape, x.dtype, b if x.block else 0)]
+
+
+def global_maxpool(ctx, a, ins, outs, float_builder):
+    x = ins[0]
+    if x.dtype not in INT_RANGES:
+        return float_builder(ctx, a, ins, outs)
+    n, c, h, w = x.shape
+    b = x.block or 1
+    rh, rw = te.reduce_axis((0, h), "rh"), te.reduce_axis((0, w), "rw")
+    acc = compute((n, c // b, 1, 1, b), lambda i, co, y, xx, ci: te.max(
+        x.at((i, co * b + ci, rh, rw)), axis=[rh, rw]), name="pool")
+    ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
+    return [Buf(acc, outs[0].shape, x.dtype, b if x.block else 0)]
+
+
+# ---- elementwise ------------------------------------------------------------------------------------
+def _per_axis(ctx, qp, rank):
+    """(scale(idx), zero_point(idx)) accessors for per-tensor or per-channel params."""
+    if qp.axis is None or len(qp.scale) == 1:
+        sc, zp = float(qp.scale[0]), int(qp.zero_point[0])
+        return (lambda idx: tirx.const(sc, F32)), (lambda idx: tirx.const(zp, I32))
+    ax = qp.axis % rank
+    sp = ctx.param(np.asarray(qp.scale, np.float32), "qscale", keep_dtype=True)
+    zp = ctx.param(np.asarray(qp.zero_point, np.int32), "qzp")
+    return (lambda idx: sp[idx[ax]]), (lambda idx: zp[idx[ax]])
+
+
+def quantize_linear(ctx, a, ins, outs):
+    (x,) = ins
+    qp = outs[0].quant
+    lo, hi = INT_RANGES[qp.storage]
+    fsc, fzp = _per_axis(ctx, qp, x.rank)
+
+    def fn(idx):
+        v = cast(x.at(idx), F32)
+        y = tirx.nearbyint(v / fsc(idx)) + cast(fzp(idx), F32)
+        y = tirx.max(tirx.min(y, const(hi, F32)), const(lo, F32))
+        return tirx.Select(tirx.isnan(v), tirx.const(0, I32), cast(y, I32))
+    return [Lazy(x.shape, outs[0].dtype, fn)]
+
+
+def dequantize_linear(ctx, a, ins, outs):
+    (x,) = ins
+    qp = ctx.op.operands[0].type.quant
+    fsc, fzp = _per_axis(ctx, qp, x.rank)
+    return [Lazy(x.shape, outs[0].dtype,
+                 lambda idx: cast(cast(x.at(idx), I32) - fzp(idx), F32) * fsc(idx))]
+
+
+def qadd(ctx, a, ins, outs):
+    A, B = ins
+    za, zb = tirx.const(_zp(ctx, 0), I64), tirx.const(_zp(ctx, 1), I64)
+    ma, mb = (tirx.const(int(m), I64) for m in a["multiplier"])
+    rq = requant_fn(ctx, dict(a, multiplier=[1]), outs[0], None)
+    shape = outs[0].shape
+
+    def fn(idx):
+        va = (cast(A.at(broadcast_index(idx, A.shape)), I64) - za) * ma
+        vb = (cast(B.at(broadcast_index(idx, B.shape)), I64) - zb) * mb
+        return rq(va + vb)
+    return [Lazy(shape, outs[0].dtype, fn)]
+
+
+def requantize(ctx, a, ins, outs):
+    (x,) = ins
+    z = tirx.const(_zp(ctx, 0), I32)
+    rq = requant_fn(ctx, a, outs[0], None)
+    return [Lazy(x.shape, outs[0].dtype, lambda idx: rq(cast(x.at(idx), I32) - z))]
+
+
+def relu_clip(ctx, a, ins, outs, float_builder):
+    """Relu/Clip on quantized values clamp at Q(0) / [Q(min), Q(max)] of the operand's params."""
+    qp = ctx.op.operands[0].type.quant
+    if qp is None:
+        return float_builder(ctx, a, ins, outs)
+    (x,) = ins
+    kind = ctx.op.kind
+    lo, hi = activation_clamp(kind, [a["min"], a["max"]] if kind == "Clip" else [], qp)
+    lo_c, hi_c = tirx.const(lo, I32), tirx.const(hi, I32)
+    return [Lazy(x.shape, outs[0].dtype,
+                 lambda idx: tirx.max(tirx.min(cast(x.at(idx), I32), hi_c), lo_c))]
+
+
+def pad(ctx, a, ins, outs, float_builder):
+    qp = ctx.op.operands[0].type.quant
+    if qp is not None and a["mode"] == "constant":
+        a = dict(a, value=int(np_quantize(np.float32(a.get("value", 0.0) or 0.0), qp).item()))
+    return float_builder(ctx, a, ins, outs)
+
+
+ANCHOR_BUILDERS = {
+    "QLinearConv": qconv2d, "QLinearGemm": qgemm,
+    "QLinearGlobalAveragePool": qglobal_avgpool, "QLinearAveragePool": qavgpool,
+}
+LAZY_BUILDERS = {
+    "QuantizeLinear": quantize_linear, "DequantizeLinear": dequantize_linear,
+    "QLinearAdd": qadd, "Requantize": requantize,
+}
+ANCHORS = frozenset(ANCHOR_BUILDERS)
+ELEMENTWISE = frozenset(LAZY_BUILDERS)

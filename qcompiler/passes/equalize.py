@@ -1,0 +1,273 @@
+"""``equalize``: cross-layer range equalization (Nagel et al., *Data-Free Quantization Through Weight
+Equalization and Bias Correction*, ICCV 2019, §4.1).
+
+Two layers joined by a positively homogeneous map f (``f(s·x) = s·f(x)`` for s > 0 per channel:
+ReLU, LeakyRelu, no activation, MaxPool/AveragePool/GlobalAveragePool, Identity, a Flatten of a
+1×1 map) compute the same function after channel i of the first layer's output is divided by
+s_i > 0 and the matching input channel of the second layer is multiplied by it::
+
+    y = W2 · f(W1 x + b1) + b2 = (W2 S) · f(S⁻¹ W1 x + S⁻¹ b1) + b2,   S = diag(s)
+
+With r1_i the range (max |w|) of the first layer's output channel i and r2_i the range of the
+second layer's input channel i, the choice that makes both ranges √(r1_i·r2_i) (the paper's
+optimum for per-tensor quantization of both weights, eq. 9) is::
+
+    s_i = √(r1_i · r2_i) / r2_i,   W1[i] /= s_i,   b1[i] /= s_i,   W2[:, i] *= s_i
+
+Groups are honoured: a depthwise conv's channel i is both its output channel i and its input
+channel i, so in pointwise → depthwise → pointwise both pairs are equalized and the sweep over all
+pairs repeats until no s_i differs from 1 by more than ``tol`` (or ``max_iter`` sweeps).
+
+A pair is skipped (the scaling would not commute or would be seen elsewhere) when the first
+layer has a residual input Z (FusedConv's 4th operand: Z would need scaling too), an activation
+other than ReLU/LeakyRelu/none (Clip(0, 6) does not commute with scaling: run ``relu6-to-relu``
+first), a tensor on the way has another use or is a graph output (fan-out, residual adds), or a
+weight/bias is not constant. Layers: Conv, FusedConv, Gemm, FusedGemm (2-D, transA = 0).
+
+Side effects on ``graph.meta``: the BatchNorm statistics that fold-bn recorded for the first
+layer are rescaled (the pre-activation output is now N(β/s, (γ/s)²): ``gamma /= s``, ``beta /= s``)
+so that ``absorb-bias`` and ``bias-correct`` stay valid; ``graph.meta["equalize"]`` records, for
+the ``record`` most imbalanced first layers (largest max/min ratio of per-channel ranges), their
+per-output-channel weight ranges before and after (for a report plot) and the number of sweeps.
+
+Before::
+
+    graph @g(%x: tensor<1x2x3x3xf32>) {
+      %w1 = const dense<[4.0, 0.0, 0.0, 1.0]> : tensor<2x2x1x1xf32>
+      %w2 = const dense<[1.0, 4.0]> : tensor<1x2x1x1xf32>
+      %h = FusedConv(%x, %w1) {activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x3x3xf32> loc("c1")
+      %y = Conv(%h, %w2) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x3x3xf32> loc("c2")
+      return %y
+    }
+
+After::
+
+    graph @g(%x: tensor<1x2x3x3xf32>) {
+      %w1_eq = const dense<[2.0, 0.0, 0.0, 2.0]> : tensor<2x2x1x1xf32>
+      %w2_eq = const dense<[2.0, 2.0]> : tensor<1x2x1x1xf32>
+      %h = FusedConv(%x, %w1_eq) {activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x3x3xf32>
+      %y = Conv(%h, %w2_eq) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x3x3xf32>
+      return %y
+    }
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.graph import Graph, Op, Value
+from ._common import full_attrs, pass_options, single_use
+from .manager import PassContext, register_pass
+
+CONVS = ("Conv", "FusedConv")
+GEMMS = ("Gemm", "FusedGemm")
+SCALE_FREE_ACTS = ("", "Relu", "LeakyRelu")               # f(s·x) = s·f(x) for s > 0
+THROUGH = ("Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+           "Identity", "Flatten")
+
+
+@dataclass(frozen=True)
+class EqualizeOptions:
+    tol: float = 1e-3        # stop when every |s_i − 1| <= tol in a sweep
+    max_iter: int = 50       # sweeps over all pairs
+    record: int = 4          # most imbalanced layers whose ranges go to graph.meta["equalize"]
+
+
+# ---- layers: weights viewed per channel (shared with absorb-bias and bias-correct) -----------------
+def is_layer(op: Op) -> bool:
+    """A Conv/Gemm-like op with constant float weights (and bias) this family of passes handles."""
+    ops = op.operands
+    if op.kind not in CONVS + GEMMS or len(ops) < 2 or not ops[1].is_const or ops[1].data.dtype.kind != "f":
+        return False
+    if len(ops) > 2 and not ops[2].is_const:
+        return False
+    if op.kind in GEMMS:
+        a = full_attrs(op.kind, **op.attrs)
+        if a["transA"] or ops[1].type.rank != 2 or ops[0].type.rank != 2:
+            return False
+        if len(ops) > 2 and ops[2].data.size not in (1, op.result.shape[1]) and ops[2].data.size != 0:
+            return False
+    return True
+
+
+def weight_oc(op: Op) -> np.ndarray:
+    """The weight as (Cout, Cin/g, k…) in float64: a Gemm's W is transposed to (N, K) when transB = 0
+    and multiplied by alpha (so Gemm(x) = x·Wᵀ + b like a 1×1 conv)."""
+    w = op.operands[1].data.astype(np.float64)
+    if op.kind in GEMMS:
+        a = full_attrs(op.kind, **op.attrs)
+        w = (w if a["transB"] else w.T) * a["alpha"]
+    return w
+
+
+def groups(op: Op) -> int:
+    return int(full_attrs(op.kind, **op.attrs)["group"]) if op.kind in CONVS else 1
+
+
+def in_channel_index(op: Op, w: np.ndarray) -> np.ndarray:
+    """(Cout, Cin/g) array: the input channel that weight slice W[o, ci] reads."""
+    cout, cg = w.shape[:2]
+    return (np.arange(cout) // (cout // groups(op)))[:, None] * cg + np.arange(cg)[None, :]
+
+
+def out_ranges(op: Op) -> np.ndarray:
+    """max |W| per output channel."""
+    w = weight_oc(op)
+    return np.abs(w).reshape(w.shape[0], -1).max(axis=1)
+
+
+def in_ranges(op: Op) -> np.ndarray:
+    """max |W| per input channel (a depthwise conv's input channel i is its own filter i)."""
+    w = weight_oc(op)
+    per = np.abs(w).reshape(w.shape[0], w.shape[1], -1).max(axis=2)          # (Cout, Cin/g)
+    idx = in_channel_index(op, w)
+    r = np.zeros(int(idx.max()) + 1)
+    np.maximum.at(r, idx.ravel(), per.ravel())
+    return r
+
+
+def bias_of(op: Op) -> np.ndarray:
+    """The effective bias per output channel (Gemm: beta·C broadcast), zeros when absent."""
+    n = op.result.shape[1]
+    if len(op.operands) < 3 or op.operands[2].data.size == 0:
+        return np.zeros(n)
+    b = op.operands[2].data.astype(np.float64).reshape(-1)
+    if op.kind in GEMMS:
+        b = b * full_attrs(op.kind, **op.attrs)["beta"]
+    return np.broadcast_to(b, (n,)).copy()
+
+
+def set_weights(graph: Graph, op: Op, w_oc: np.ndarray | None = None, b: np.ndarray | None = None,
+                suffix: str = "_eq") -> None:
+    """Store new weights (given as (Cout, Cin/g, k…)) and/or bias (per output channel) on ``op`` as
+    new constants in the dtypes and layouts of the old ones (Gemm: beta becomes 1)."""
+    ops = list(op.operands)
+    w_old = ops[1]
+    if w_oc is not None:
+        w = w_oc
+        if op.kind in GEMMS:
+            a = full_attrs(op.kind, **op.attrs)
+            w = (w if a["transB"] else w.T) / a["alpha"]
+        ops[1] = _new_const(graph, w_old, w.astype(w_old.data.dtype), suffix)
+    if b is not None:
+        if op.kind in GEMMS and "beta" in full_attrs(op.kind, **op.attrs):
+            op.attrs["beta"] = 1.0
+        if len(ops) > 2:
+            ops[2] = _new_const(graph, ops[2], b.astype(ops[2].data.dtype), suffix)
+        else:
+            ops.append(graph.add_const(b.astype(w_old.data.dtype), (op.name or "layer") + "_bias" + suffix))
+    op.set_operands(ops)
+
+
+def _new_const(graph: Graph, old: Value, data: np.ndarray, suffix: str) -> Value:
+    """A constant holding ``data``: ``old`` updated in place when only this op uses it and an
+    earlier call of the same pass made it, else a new one named after ``old``."""
+    if old.name.endswith(suffix) and len(old.uses) == 1:
+        old.data = data
+        return old
+    return graph.add_const(data, old.name + suffix)
+
+
+# ---- pairs ------------------------------------------------------------------------------------------
+def activation(op: Op) -> str:
+    return op.attrs.get("activation", "") if op.kind.startswith("Fused") else ""
+
+
+def _through_ok(op: Op) -> bool:
+    if op.kind not in THROUGH or len(op.operands) != 1 or len(op.results) != 1:
+        return False
+    if op.kind == "Flatten":                      # channels stay channels: (N, C, 1, 1) -> (N, C)
+        shp = op.operands[0].shape
+        return len(shp) >= 2 and all(d == 1 for d in shp[2:]) and op.result.shape == shp[:2]
+    return True
+
+
+def follow(op1: Op) -> tuple[Op, list[Op]] | None:
+    """The layer that op1's output reaches through single-use, channel-preserving ops (as its
+    data input), and those ops; None when the output fans out, is a graph output or meets
+    anything else."""
+    v: Value = op1.result
+    between: list[Op] = []
+    while True:
+        if not single_use(v):
+            return None
+        user, slot = v.uses[0]
+        if is_layer(user) and slot == 0:
+            return user, between
+        if slot != 0 or not _through_ok(user):
+            return None
+        between.append(user)
+        v = user.result
+
+
+def pairs(graph: Graph, acts: tuple[str, ...] = SCALE_FREE_ACTS) -> list[tuple[Op, Op, list[Op]]]:
+    """(first, second, between) for every chain where the first layer has no residual input and an
+    activation in ``acts``, and channel counts match."""
+    out = []
+    for op1 in graph.ops:
+        if not is_layer(op1) or len(op1.operands) > 3 or activation(op1) not in acts:
+            continue
+        got = follow(op1)
+        if got is None:
+            continue
+        op2, between = got
+        if any(b.kind in ("Relu", "LeakyRelu") and b.kind not in acts for b in between):
+            continue
+        if op1.result.shape[1] != len(in_ranges(op2)):
+            continue
+        out.append((op1, op2, between))
+    return out
+
+
+# ---- the pass --------------------------------------------------------------------------------------
+def _scale_bn_stats(graph: Graph, name: str, s: np.ndarray) -> None:
+    st = graph.meta.get("bn_stats", {}).get(name)
+    if st is not None and len(st["gamma"]) == len(s):
+        st["gamma"] = [float(g / a) for g, a in zip(st["gamma"], s)]
+        st["beta"] = [float(b / a) for b, a in zip(st["beta"], s)]
+
+
+def equalize_pair(graph: Graph, op1: Op, op2: Op) -> np.ndarray:
+    """Equalize one pair in place; returns s."""
+    r1, r2 = out_ranges(op1), in_ranges(op2)
+    ok = (r1 > 0) & (r2 > 0)
+    s = np.where(ok, np.sqrt(np.where(ok, r1 * r2, 1.0)) / np.where(ok, r2, 1.0), 1.0)
+    w1 = weight_oc(op1) / s.reshape((-1,) + (1,) * (op1.operands[1].type.rank - 1))
+    set_weights(graph, op1, w1, bias_of(op1) / s if len(op1.operands) > 2 else None)
+    w2 = weight_oc(op2)
+    idx = in_channel_index(op2, w2)
+    set_weights(graph, op2, w2 * s[idx].reshape(idx.shape + (1,) * (w2.ndim - 2)))
+    _scale_bn_stats(graph, op1.name, s)
+    return s
+
+
+@register_pass("equalize", options=EqualizeOptions)
+def equalize(graph: Graph, ctx: PassContext) -> bool:
+    """Cross-layer range equalization of layer pairs joined by ReLU/pooling (Nagel et al. 2019)."""
+    opts = pass_options(ctx, "equalize", EqualizeOptions)
+    chain = pairs(graph)
+    if not chain:
+        return False
+    firsts = {op1.name: out_ranges(op1) for op1, _, _ in chain}
+    sweeps = 0
+    for sweeps in range(1, opts.max_iter + 1):
+        worst = 0.0
+        for op1, op2, _ in chain:
+            s = equalize_pair(graph, op1, op2)
+            worst = max(worst, float(np.max(np.abs(s - 1.0))))
+        if worst <= opts.tol:
+            break
+    graph.remove_unused_consts()
+
+    def imbalance(r):
+        pos = r[r > 0]
+        return float(pos.max() / pos.min()) if len(pos) else 1.0
+    top = sorted(firsts, key=lambda n: -imbalance(firsts[n]))[:opts.record]
+    by_name = {op1.name: op1 for op1, _, _ in chain}
+    graph.meta["equalize"] = {
+        "pairs": [[a.name, b.name] for a, b, _ in chain], "sweeps": sweeps,
+        "layers": {n: {"before": [float(x) for x in firsts[n]],
+                       "after": [float(x) for x in out_ranges(by_name[n])]} for n in top}}
+    ctx.log(f"equalize: {len(chain)} pairs, {sweeps} sweeps")
+    return True

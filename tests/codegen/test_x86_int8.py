@@ -1,0 +1,274 @@
+"""x86 lowering of the quantized IR: every integer op kind BIT-EXACT against the numpy oracle
+(qcompiler.quant.reference) on small shapes, and end to end on fashion_mobilenet (quantized by the
+quantize pass): integer outputs equal to the oracle's, top-1 within 0.5 points of fp32.
+
+Graphs are built with the IR API (as the quantize pass builds them); the int8 kernels are those of
+qcompiler/codegen/kernels/quant.py. The schedules run with QC_STRICT_SCHEDULE semantics off, so a
+schedule that falls back still has to be exact."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+from qcompiler.codegen.lower import build_module
+from qcompiler.codegen.target import TargetSpec
+from qcompiler.ir import Graph, QuantParams, TensorType
+from qcompiler.ir.ops import infer_types
+from qcompiler.quant import reference
+from qcompiler.quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
+
+RNG = np.random.default_rng(7)
+SPEC = TargetSpec("x86")
+U8 = QuantParams("uint8", (0.02,), (117,))
+I8 = QuantParams("int8", (0.03,), (-5,))
+ACT = {"uint8": U8, "int8": I8}
+
+
+def run_tvm(g: Graph, feeds: dict) -> list[np.ndarray]:
+    ex = build_module(g, SPEC)
+    vm = tvm.runtime.vm.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(feeds[v.name])) for v in g.inputs])
+    outs = list(out) if len(g.outputs) > 1 else [out]
+    return [o.numpy() for o in outs]
+
+
+def check_exact(g: Graph, feeds: dict, what: str = ""):
+    g.verify()
+    want = reference.run(g, feeds)
+    got = run_tvm(g, feeds)
+    for w, o in zip(want, got):
+        assert o.dtype == w.dtype and o.shape == w.shape, (what, o.dtype, w.dtype, o.shape, w.shape)
+        diff = np.abs(o.astype(np.float64) - w.astype(np.float64))
+        assert np.array_equal(o, w), f"{what}: {int((diff > 0).sum())} of {w.size} differ, max {diff.max()}"
+
+
+def keep(g, kind, operands, attrs=None):
+    """A plain op on quantized values: its result keeps the first operand's quant params."""
+    attrs = attrs or {}
+    t = infer_types(kind, [v.type for v in operands], attrs)[0]
+    return g.create_op(kind, operands, attrs,
+                       result_types=[TensorType(t.shape, t.dtype, operands[0].type.quant)]).result
+
+
+def qin(qp: QuantParams, shape):
+    lo, hi = (0, 256) if qp.storage == "uint8" else (-128, 128)
+    return RNG.integers(lo, hi, shape).astype(qp.storage)
+
+
+def add_qconv(g, x, o, k, *, group=1, s=(1, 1), d=(1, 1), p=(0, 0, 0, 0), act="", params=(), bias=True,
+              out_qp=None, per_channel=True):
+    sx = x.type.quant.scale[0]
+    c = x.type.shape[1]
+    ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, o)) if per_channel else (0.005,)
+    qw = QuantParams("int8", ws, (0,) * len(ws), axis=0 if per_channel else None)
+    wq = RNG.integers(-127, 128, (o, c // group, *k)).astype(np.int8)
+    operands = [x, g.add_const(wq, "w", qw)]
+    if bias:
+        bs = tuple(float(np.float32(sx) * np.float32(v)) for v in ws)
+        if not per_channel:
+            bs = bs * o
+        qb = QuantParams("int32", bs, (0,) * o, axis=0)
+        operands.append(g.add_const(RNG.integers(-3000, 3000, o).astype(np.int32), "b", qb))
+    out_qp = out_qp or QuantParams(x.type.dtype, (0.05,), (90,) if x.type.dtype == "uint8" else (3,))
+    ms, ss = conv_multipliers(sx, ws, out_qp.scale[0])
+    attrs = {"strides": list(s), "dilations": list(d), "pads": list(p), "group": group,
+             "activation": act, "activation_params": list(params), "multiplier": ms, "shift": ss}
+    shape = infer_types("QLinearConv", [v.type for v in operands], attrs)[0].shape
+    return g.create_op("QLinearConv", operands, attrs, result_types=[TensorType(shape, x.type.dtype, out_qp)]).result
+
+
+CONVS = [  # (C, O, group, kernel, strides, dilations, pads, activation)
+    (4, 6, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Relu"),
+    (4, 4, 4, (3, 3), (2, 2), (1, 1), (1, 0, 1, 2), "Clip"),          # depthwise, asymmetric pads
+    (4, 6, 2, (2, 3), (1, 2), (2, 1), (0, 1, 2, 0), ""),              # grouped, dilated
+    (3, 5, 1, (1, 1), (2, 1), (1, 1), (0, 0, 0, 0), ""),
+    (16, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Clip"),        # full vector blocks (NCHW16c)
+    (32, 32, 32, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "Relu"),       # depthwise, blocked
+    (16, 64, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), ""),            # pointwise, 2 vectors of output channels
+]
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("c, o, group, k, s, d, p, act", CONVS)
+def test_qlinearconv_bit_exact(storage, c, o, group, k, s, d, p, act):
+    g = Graph("q")
+    x = g.add_input("x", TensorType((2, c, 9, 10), storage, ACT[storage]))
+    g.outputs = [add_qconv(g, x, o, k, group=group, s=s, d=d, p=p, act=act,
+                           params=(0.0, 6.0) if act == "Clip" else (), bias=(c != 3), per_channel=(o != 5))]
+    check_exact(g, {"x": qin(ACT[storage], (2, c, 9, 10))}, f"QLinearConv {storage} {c}->{o} g{group}")
+
+
+def test_quantized_block_chain_bit_exact():
+    """QuantizeLinear -> conv (blocked output) -> depthwise -> pointwise + residual QLinearAdd
+    (fused into the conv's epilogue) -> MaxPool -> GAP -> Flatten -> QLinearGemm -> DequantizeLinear:
+    blocked int8 layouts between kernels and the epilogue fusions."""
+    g = Graph("q")
+    xf = g.add_input("x", TensorType((2, 3, 12, 12), "float32"))
+    q0 = QuantParams("uint8", (0.013,), (128,))
+    x = g.create_op("QuantizeLinear", [xf], result_types=[TensorType((2, 3, 12, 12), "uint8", q0)]).result
+    a = add_qconv(g, x, 16, (3, 3), p=(1, 1, 1, 1), act="Clip", params=(0.0, 6.0),
+                  out_qp=QuantParams("uint8", (0.03,), (0,)))
+    b = add_qconv(g, a, 16, (3, 3), group=16, p=(1, 1, 1, 1), act="Relu")
+    c = add_qconv(g, b, 16, (1, 1), out_qp=QuantParams("uint8", (0.04,), (100,)))
+    qs = QuantParams("uint8", (0.05,), (95,))
+    ms, s = quantize_multipliers([0.04 / 0.05, 0.03 / 0.05])
+    r = g.create_op("QLinearAdd", [c, a], {"multiplier": ms, "shift": [s], "activation": "", "activation_params": []},
+                    result_types=[TensorType(c.type.shape, "uint8", qs)]).result
+    mp = keep(g, "MaxPool", [r], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})
+    qg = QuantParams("uint8", (0.02,), (80,))
+    m1, s1 = quantize_multiplier(qs.scale[0] / (qg.scale[0] * 36))
+    gp = g.create_op("QLinearGlobalAveragePool", [mp], {"multiplier": [m1], "shift": [s1]},
+                     result_types=[TensorType((2, 16, 1, 1), "uint8", qg)]).result
+    fl = keep(g, "Flatten", [gp], {"axis": 1})
+    ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, 10))
+    w = g.add_const(RNG.integers(-127, 128, (10, 16)).astype(np.int8), "wg", QuantParams("int8", ws, (0,) * 10, axis=0))
+    bq = g.add_const(RNG.integers(-500, 500, 10).astype(np.int32), "bg",
+                     QuantParams("int32", tuple(float(np.float32(0.02) * np.float32(v)) for v in ws), (0,) * 10, axis=0))
+    qo = QuantParams("uint8", (0.1,), (120,))
+    mg, sg = conv_multipliers(0.02, ws, 0.1)
+    lg = g.create_op("QLinearGemm", [fl, w, bq], {"multiplier": mg, "shift": sg},
+                     result_types=[TensorType((2, 10), "uint8", qo)]).result
+    g.outputs = [g.create_op("DequantizeLinear", [lg]).result, r]
+    check_exact(g, {"x": RNG.uniform(-1.5, 1.8, (2, 3, 12, 12)).astype(np.float32)}, "chain")
+
+
+@pytest.mark.parametrize("storage, m, k, n", [("uint8", 3, 20, 10), ("int8", 4, 64, 32), ("uint8", 1, 7, 3)])
+def test_qlineargemm_bit_exact(storage, m, k, n):
+    g = Graph("q")
+    qa = ACT[storage]
+    a = g.add_input("a", TensorType((m, k), storage, qa))
+    ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, n))
+    w = g.add_const(RNG.integers(-127, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
+                    QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
+    qo = QuantParams(storage, (0.04,), (10,))
+    ms, ss = conv_multipliers(qa.scale[0], ws, 0.04)
+    g.outputs = [g.create_op("QLinearGemm", [a, w, b], {"multiplier": ms, "shift": ss, "activation": "Relu"},
+                             result_types=[TensorType((m, n), storage, qo)]).result]
+    check_exact(g, {"a": qin(qa, (m, k))}, "QLinearGemm")
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_qlinearadd_broadcast_requantize_bit_exact(storage):
+    g = Graph("q")
+    qa, qb = ACT[storage], QuantParams(storage, (0.011,), (7,))
+    a = g.add_input("a", TensorType((2, 8, 5, 5), storage, qa))
+    b = g.add_input("b", TensorType((1, 8, 1, 5), storage, qb))
+    qo = QuantParams(storage, (0.025,), (-3,) if storage == "int8" else (60,))
+    ms, s = quantize_multipliers([qa.scale[0] / qo.scale[0], qb.scale[0] / qo.scale[0]])
+    y = g.create_op("QLinearAdd", [a, b], {"multiplier": ms, "shift": [s], "activation": "Relu"},
+                    result_types=[TensorType((2, 8, 5, 5), storage, qo)]).result
+    q2 = QuantParams(storage, (0.07,), (1,))
+    m2, s2 = quantize_multiplier(qo.scale[0] / q2.scale[0])
+    z = g.create_op("Requantize", [y], {"multiplier": [m2], "shift": [s2]},
+                    result_types=[TensorType(y.type.shape, storage, q2)]).result
+    g.outputs = [y, z]
+    check_exact(g, {"a": qin(qa, (2, 8, 5, 5)), "b": qin(qb, (1, 8, 1, 5))}, "QLinearAdd/Requantize")
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_qlinear_pools_bit_exact(storage):
+    g = Graph("q")
+    qx = ACT[storage]
+    x = g.add_input("x", TensorType((2, 6, 9, 8), storage, qx))
+    qo = QuantParams(storage, (0.015,), (12,))
+    m, s = quantize_multiplier(qx.scale[0] / (qo.scale[0] * 72))
+    gap = g.create_op("QLinearGlobalAveragePool", [x], {"multiplier": [m], "shift": [s]},
+                      result_types=[TensorType((2, 6, 1, 1), storage, qo)]).result
+    outs = [gap]
+    for pads, cip in (([0, 0, 0, 0], 0), ([1, 1, 1, 1], 1)):
+        m, s = quantize_multiplier(qx.scale[0] / (qo.scale[0] * 9))
+        attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": pads, "count_include_pad": cip,
+                 "multiplier": [m], "shift": [s]}
+        shape = infer_types("QLinearAveragePool", [x.type], attrs)[0].shape
+        outs.append(g.create_op("QLinearAveragePool", [x], attrs,
+                                result_types=[TensorType(shape, storage, qo)]).result)
+    outs.append(keep(g, "MaxPool", [x], {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 1, 1, 1]}))
+    outs.append(keep(g, "GlobalMaxPool", [x]))
+    g.outputs = outs
+    check_exact(g, {"x": qin(qx, (2, 6, 9, 8))}, "pools")
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_quantize_dequantize_bit_exact(storage):
+    g = Graph("q")
+    qp = QuantParams(storage, (0.05,), (128,) if storage == "uint8" else (-3,))
+    x = g.add_input("x", TensorType((4, 7, 3), "float32"))
+    q = g.create_op("QuantizeLinear", [x], result_types=[TensorType((4, 7, 3), storage, qp)]).result
+    qc = QuantParams(storage, (0.01, 0.02, 0.04), (0, 0, 0), axis=2)
+    y = g.create_op("DequantizeLinear", [keep(g, "Relu", [q])]).result
+    q2 = g.add_input("q2", TensorType((4, 7, 3), storage, qc))
+    y2 = g.create_op("DequantizeLinear", [q2]).result
+    g.outputs = [q, y, y2]
+    xv = RNG.uniform(-9, 9, (4, 7, 3)).astype(np.float32)
+    xv.flat[:24] = (np.arange(24) - 12 + 0.5).astype(np.float32) * np.float32(0.05)    # ties: half to even
+    xv.flat[24:28] = [1e9, -1e9, 0.0, -0.0]
+    check_exact(g, {"x": xv, "q2": qin(qc, (4, 7, 3))}, "Quantize/DequantizeLinear")
+
+
+def test_plain_ops_on_quantized_values_bit_exact():
+    g = Graph("q")
+    qx = U8
+    x = g.add_input("x", TensorType((2, 4, 5, 6), "uint8", qx))
+    y = g.add_input("y", TensorType((2, 3, 5, 6), "uint8", qx))
+    cat = keep(g, "Concat", [x, y], {"axis": 1})
+    pad = keep(g, "Pad", [cat], {"pads": [0, 0, 1, 2, 0, 0, 2, 1], "mode": "constant", "value": 0.0})
+    clip = keep(g, "Clip", [pad], {"min": 0.0, "max": 1.5})
+    tr = keep(g, "Transpose", [clip], {"perm": [0, 2, 3, 1]})
+    rs = keep(g, "Reshape", [tr], {"shape": [2, 8 * 9 * 7]})
+    g.outputs = [rs, keep(g, "Relu", [x])]
+    check_exact(g, {"x": qin(qx, (2, 4, 5, 6)), "y": qin(qx, (2, 3, 5, 6))}, "plain ops")
+
+
+# ---- end to end -----------------------------------------------------------------------------------
+def _quantized_model(model: str, data, n_calib: int, batch: int):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
+    from test_quantize_real import import_batched
+    from qcompiler.passes import PassContext, PassManager, run_passes
+    from qcompiler.passes.quantize import QuantizeOptions
+    x = data
+    g, name = import_batched(model, (1, *x.shape[1:]), batch)
+    run_passes(g)
+    fg = None
+    calib = [{name: x[s:s + batch]} for s in range(0, n_calib, batch)]
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    return g, name, fg
+
+
+def test_fashion_mobilenet_int8_end_to_end():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import realmodels
+    p = Path(realmodels.MODELS_DIR) / "fashion_mobilenet.onnx"
+    data = realmodels.fashion_test()
+    if not p.exists() or data is None:
+        pytest.skip("models/fashion_mobilenet.onnx or fashion_test.npz not present")
+    x, labels = data
+    x = x[:1000].astype(np.float32)
+    labels = labels[:1000]
+    B = 250
+    g, name, _ = _quantized_model(str(p), x, 200, B)
+    ex = build_module(g, SPEC)
+    vm = tvm.runtime.vm.VirtualMachine(ex, tvm.cpu())
+
+    def run(xs):
+        return np.concatenate([vm["main"](tvm.runtime.tensor(xs[s:s + B])).numpy() for s in range(0, len(xs), B)])
+    # bit-exact against the oracle on 50 images (the graph ends with DequantizeLinear: exact floats)
+    got = run(x[:B])[:50]
+    want = reference.run(g, {name: x[:B]})[0][:50]
+    assert np.array_equal(got, want), f"max diff {np.abs(got - want).max()}"
+    # accuracy on x[500:] vs the fp32 model in onnxruntime
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
+    iname = sess.get_inputs()[0].name
+    fp32 = np.concatenate([sess.run(None, {iname: x[i:i + 1]})[0] for i in range(500, 1000)])
+    int8 = run(x[500:])
+    acc_fp32 = float(np.mean(fp32.argmax(1) == labels[500:]))
+    acc_int8 = float(np.mean(int8.argmax(1) == labels[500:]))
+    print(f"fashion_mobilenet top-1: fp32 {acc_fp32:.4f}  int8 (TVM x86) {acc_int8:.4f}")
+    assert abs(acc_fp32 - acc_int8) <= 0.005 + 1e-9
