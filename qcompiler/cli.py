@@ -76,11 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common_model_args(c)
     c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (default x86)")
     c.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
-                   help="precision of weights and activations (default fp32)")
+                   help="precision of weights and activations (default fp32); int8 runs the 'quantize' "
+                        "pass after the pipeline and needs --calib")
     c.add_argument("--cpu", default=None, help="LLVM CPU name (x86: default the host's; arm: e.g. cortex-a76)")
     c.add_argument("--arch", default="sm_90", help="CUDA architectures, comma-separated (default sm_90)")
     c.add_argument("--features", default="", help="extra LLVM features, e.g. +dotprod,+fullfp16")
     c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
+    c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
+                   help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
 
     i = sub.add_parser("inspect", help="print the IR, op histogram and parameter count of a model",
                        description="Import a model (optionally run passes) and print its IR, an op "
@@ -262,8 +265,15 @@ def cmd_compile(args, log) -> int:
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
                       features=tuple(f.strip() for f in args.features.split(",") if f.strip()))
     check_output_path(args.output, is_dir=True)
+    if args.export_qdq:
+        if spec.dtype != "int8":
+            raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
+        check_output_path(args.export_qdq, is_dir=False)
     if spec.dtype == "int8":
-        raise UserError("int8 compilation is not yet available", "--dtype", "use --dtype fp32 or fp16 for now")
+        if args.passes in (None, "default"):
+            args.passes = "default,quantize"
+        elif "quantize" not in args.passes.split(","):
+            args.passes += ",quantize"
     try:
         from .codegen.artifact import write_artifact
     except ImportError:
@@ -272,6 +282,10 @@ def cmd_compile(args, log) -> int:
     t0 = time.perf_counter()
     g = load_model(args)
     run_pipeline(g, args, log)
+    if args.export_qdq:
+        from .quant.qdq_export import save_qdq
+        save_qdq(g, args.export_qdq)
+        log(f"wrote {args.export_qdq} (QDQ ONNX of the quantized model)")
     out = write_artifact(g, spec, args.output)
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0

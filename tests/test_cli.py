@@ -195,3 +195,28 @@ def test_convert_with_quantize_writes_qdq_that_onnxruntime_runs_accurately(tmp_p
     got = np.concatenate([q_sess.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
     acc_ref, acc_q = (ref.argmax(1) == y).mean() * 100, (got.argmax(1) == y).mean() * 100
     assert acc_q >= acc_ref - 1.0, (acc_ref, acc_q)
+
+
+def test_int8_compile_runs_and_keeps_accuracy(tmp_path, capsys):
+    """qcompile --dtype int8: calibrate on 200 held-back images, run the artifact on 300 others;
+    top-1 within 0.5 points of ONNX Runtime fp32, and the QDQ export beside it."""
+    import qcompiler
+    out, qdq = tmp_path / "fm8", tmp_path / "fm8_qdq.onnx"
+    code, _, err = run(capsys, FASHION, "--dtype", "int8", "--calib", FASHION_DATA, "--calib-samples", "200",
+                       "-o", str(out), "--export-qdq", str(qdq), "-q")
+    assert code == 0, err
+    assert qdq.exists() and (out / "manifest.json").exists()
+    d = np.load(FASHION_DATA)
+    x, y = d["x"][700:], d["y"][700:]
+    model = qcompiler.load(str(out))
+    got = np.concatenate([model(x[i:i + 1])[0] for i in range(len(x))])
+    sess = rm.ort_session(FASHION)
+    ref = np.concatenate([sess.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
+    acc_ref, acc_q = (ref.argmax(1) == y).mean() * 100, (got.argmax(1) == y).mean() * 100
+    assert acc_q >= acc_ref - 0.5, (acc_ref, acc_q)
+
+
+def test_int8_without_calibration_data_is_refused(tmp_path, capsys):
+    code, _, err = run(capsys, FASHION, "--dtype", "int8", "-o", str(tmp_path / "a"))
+    assert code == 2 and "quantization needs calibration data" in err
+    assert not (tmp_path / "a").exists()

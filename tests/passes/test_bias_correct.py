@@ -74,3 +74,25 @@ def test_mean_keeping_ops_pass_maxpool_stops():
 
 def test_no_statistics_no_change():
     unchanged(chain(*_weights()), "bias-correct")
+
+
+def test_empirical_variant_removes_the_mean_output_shift_exactly():
+    """With calibration feeds, the corrected layer with int8 weights has the float layer's mean
+    output per channel over those feeds, zero padding included (here: a padded grouped conv)."""
+    from qcompiler.quant import reference
+    w1, w2 = _weights()
+    text = chain(w1, w2).replace("pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x4x4x4xf32>",
+                                 "pads = [1, 1, 1, 1], strides = [1, 1]} : tensor<1x4x6x6xf32>")
+    g = parse_graph(text)
+    rng = np.random.default_rng(5)
+    calib = [{"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)} for _ in range(4)]
+    ref = np.mean([reference.run(g, f)[0] for f in calib], axis=0).mean(axis=(0, 2, 3))
+    opts = BiasCorrectOptions(per_channel=False, empirical=True, calib=calib)
+    run_ir(g, "bias-correct", PassContext(options={"bias-correct": opts}))
+    assert "c1" in g.meta["bias_correct"]            # every layer, with or without BN statistics
+    c1, c2 = g.ops
+    c1.set_operands([g.value("x"), g.add_const(w1, "w1_float")])      # c2 alone: its input stays float
+    qp = qpm.symmetric(float(w2.min()), float(w2.max()))
+    c2.set_operand(1, g.add_const(qpm.fake_quantize(w2, qp), "w2_fq"))
+    got = np.mean([reference.run(g, f)[0] for f in calib], axis=0).mean(axis=(0, 2, 3))
+    np.testing.assert_allclose(got, ref, atol=1e-5)

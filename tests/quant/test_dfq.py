@@ -148,6 +148,9 @@ def test_real_models_per_tensor(name, capsys):
         assert res[DFQ]["sqnr"] >= res[""]["sqnr"] + 10
         assert res[DFQ]["top1"] >= res["fp32_top1"] - 1
     else:
-        # measured: plain 14.2 dB, equalize 20.2 dB, DFQ 12.7 dB (absorb-bias and the analytic
-        # bias correction rely on BN statistics that this model's synthetic inputs do not follow)
+        # measured: plain 14.2 dB, equalize 20.2 dB, DFQ 12.7 dB. This MobileNetV3-style model puts
+        # HardSwish/HardSigmoid (which do not commute with scaling) after its most imbalanced layers
+        # (depthwise ranges up to 33x apart), so equalize reaches only 15 pairs; absorb-bias moves one
+        # channel whose values fall below β − 3γ on these inputs, and bias correction (analytic 18.1
+        # dB, empirical 18.9 dB) does not help here: the output error is not a mean shift.
         assert res["relu6-to-relu,equalize"]["sqnr"] >= res[""]["sqnr"] + 4
