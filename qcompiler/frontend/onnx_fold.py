@@ -32,13 +32,18 @@ def node_attrs(n: onnx.NodeProto) -> dict:
     gets a UserError naming the node, not a crash in a converter."""
     from ..errors import UserError
     try:
-        schema = onnx.defs.get_schema(n.op_type, domain=n.domain or "")
-        expected = {k: v.type for k, v in schema.attributes.items()}
+        declared = onnx.defs.get_schema(n.op_type, domain=n.domain or "").attributes
     except Exception:                       # unknown ops are reported elsewhere
-        expected = {}
+        declared = {}
+    expected = {k: v.type for k, v in declared.items()}
+    required = [k for k, v in declared.items() if v.required]
     out = {}
+    where = f"node {n.op_type} '{n.name}'"
+    present = {a.name for a in n.attribute}
+    for k in required:
+        if k not in present:
+            raise UserError(f"required attribute '{k}' is missing", where, "the model is malformed; re-export it")
     for a in n.attribute:
-        where = f"node {n.op_type} '{n.name}'"
         if a.name in expected and a.type != expected[a.name]:
             raise UserError(f"attribute '{a.name}' has type {onnx.AttributeProto.AttributeType.Name(a.type) if a.type in onnx.AttributeProto.AttributeType.values() else a.type}, "
                             f"the operator expects {onnx.AttributeProto.AttributeType.Name(expected[a.name])}",

@@ -131,6 +131,7 @@ def _conv(ts, a):
     if len(ts) == 3 and ts[2].shape != (w.shape[0],):
         raise InferError(f"Conv bias shape {ts[2].shape} != ({w.shape[0]},)")
     k = w.shape[2:]
+    _window_attrs(nsp, strides=(a["strides"], nsp), pads=(a["pads"], 2 * nsp), dilations=(a["dilations"], nsp))
     s, d, p = a["strides"] or [1] * nsp, a["dilations"] or [1] * nsp, a["pads"] or [0] * (2 * nsp)
     sp = [_spatial_out(x.shape[2 + i], k[i], s[i], d[i], p[i], p[i + nsp]) for i in range(nsp)]
     return [TensorType((x.shape[0], w.shape[0], *sp), x.dtype)]
@@ -146,6 +147,8 @@ def _conv_transpose(ts, a):
     g = a["group"]
     if x.shape[1] != w.shape[0]:
         raise InferError(f"ConvTranspose input has {x.shape[1]} channels, weight expects {w.shape[0]}")
+    _window_attrs(nsp, strides=(a["strides"], nsp), pads=(a["pads"], 2 * nsp), dilations=(a["dilations"], nsp),
+                  output_padding=(a["output_padding"], nsp))
     s, d, p = a["strides"] or [1] * nsp, a["dilations"] or [1] * nsp, a["pads"] or [0] * (2 * nsp)
     op_ = a["output_padding"] or [0] * nsp
     k = w.shape[2:]
@@ -157,10 +160,21 @@ register_op("ConvTranspose", _conv_transpose,
             {"strides": None, "dilations": None, "pads": None, "group": 1, "output_padding": None}, (2, 3))
 
 
+def _window_attrs(nsp: int, **lists) -> None:
+    """Window attributes must have one entry per spatial axis (pads: two)."""
+    for name, (vals, n) in lists.items():
+        if vals is not None and len(vals) != n:
+            raise InferError(f"{name} has {len(vals)} entries, the input has {nsp} spatial axes (needs {n})")
+
+
 def _pool(ts, a):
     x = ts[0]
     nsp = x.rank - 2
     k = a["kernel_shape"]
+    if nsp < 1 or k is None:
+        raise InferError(f"pooling needs a kernel_shape and an input of rank >= 3, got rank {x.rank}")
+    _window_attrs(nsp, kernel_shape=(k, nsp), strides=(a["strides"], nsp), pads=(a["pads"], 2 * nsp),
+                  dilations=(a.get("dilations"), nsp))
     s, d, p = a["strides"] or [1] * nsp, a.get("dilations") or [1] * nsp, a["pads"] or [0] * (2 * nsp)
     sp = [_spatial_out(x.shape[2 + i], k[i], s[i], d[i], p[i], p[i + nsp], bool(a["ceil_mode"])) for i in range(nsp)]
     return [TensorType((x.shape[0], x.shape[1], *sp), x.dtype)]
