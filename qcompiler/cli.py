@@ -274,11 +274,7 @@ def cmd_compile(args, log) -> int:
             args.passes = "default,quantize"
         elif "quantize" not in args.passes.split(","):
             args.passes += ",quantize"
-    try:
-        from .codegen.artifact import write_artifact
-    except ImportError:
-        raise UserError("code generation is not yet available in this build", "qcompile",
-                        "use 'qcompile convert' or 'qcompile inspect' for now") from None
+    from .codegen.artifact import write_artifact
     t0 = time.perf_counter()
     g = load_model(args)
     run_pipeline(g, args, log)
@@ -292,10 +288,7 @@ def cmd_compile(args, log) -> int:
 
 
 def cmd_run(args, log) -> int:
-    try:
-        from .runtime import load, run_batches
-    except ImportError:
-        raise UserError("the runtime is not yet available in this build", "qcompile run") from None
+    from .runtime import load, run_batches
     if args.output:
         check_output_path(args.output, is_dir=False)
     model = load(args.artifact)
