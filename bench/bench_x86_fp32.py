@@ -38,16 +38,18 @@ def _median_ms(fn, iters: int) -> float:
     return float(np.median(ts) * 1e3)
 
 
-def bench_model(m, rounds: int, iters: int, threads: int):
+def bench_model(m, rounds: int, iters: int, threads: int, passes: str = "default"):
     import tvm
     from tvm import relax
 
     from qcompiler.codegen.lower import compile_timed
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.frontend.onnx_import import import_onnx
+    from qcompiler.passes import run_passes
 
     t0 = time.perf_counter()
     g = import_onnx(m.load(), m.input_shapes)
+    run_passes(g, passes)                        # what `qcompile` does before code generation
     t_import = time.perf_counter() - t0
     ex, info = compile_timed(g, TargetSpec("x86"))
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="", help="comma-separated substrings of model names (default: all)")
     ap.add_argument("--det-size", type=int, default=640, help="detector input side (multiple of 32)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--passes", default="default", help="pass pipeline before codegen (default: qcompile's)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
     for m in models:
         shape = "x".join(map(str, next(iter((m.input_shapes or realmodels._declared_inputs(m.proto())).values()))))
         try:
-            r = bench_model(m, a.rounds, a.iters, a.threads)
+            r = bench_model(m, a.rounds, a.iters, a.threads, a.passes)
         except Exception as e:  # noqa: BLE001 - report and go on with the next model
             print(f"{m.name:22s} {shape:>16s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
             continue
