@@ -32,12 +32,18 @@ class EvalError(ValueError):
     """The op kind has no numpy kernel, or the kernel rejected its inputs."""
 
 
-def kernel(*kinds: str):
-    def deco(fn: Kernel) -> Kernel:
-        for k in kinds:
-            KERNELS[k] = fn
-        return fn
-    return deco
+def registrar(table: dict):
+    """A decorator factory: ``@kernel("Add", "Sub")`` registers a function in ``table`` under each kind."""
+    def kernel(*kinds: str):
+        def deco(fn):
+            for k in kinds:
+                table[k] = fn
+            return fn
+        return deco
+    return kernel
+
+
+kernel = registrar(KERNELS)
 
 
 def can_evaluate(kind: str) -> bool:

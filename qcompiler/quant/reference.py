@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..ir.graph import Graph, Op
-from ..ir.interp import KERNELS as FLOAT_KERNELS, EvalError
+from ..ir.interp import KERNELS as FLOAT_KERNELS, EvalError, registrar
 from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, np_dtype
 from .qparams import dequantize, quantize
@@ -37,12 +37,7 @@ KERNELS: dict[str, Kernel] = {}
 INT32_MIN, INT32_MAX = INT_RANGES["int32"]
 
 
-def kernel(*kinds: str):
-    def deco(fn: Kernel) -> Kernel:
-        for k in kinds:
-            KERNELS[k] = fn
-        return fn
-    return deco
+kernel = registrar(KERNELS)
 
 
 def run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
