@@ -58,15 +58,12 @@ def pack_input(x: LTensor, bi: int, pads, name: str = "pad", fill=0.0):
     return compute(shape, body, name), True
 
 
-def conv2d(ctx, a, ins, outs):
-    """Conv / FusedConv: returns the epilogue (bias, residual, activation) over the accumulator."""
-    x = ins[0]
-    w = ctx.const_data(1)
-    if w is None:
-        raise NotImplementedError("Conv with a non-constant weight")
-    if x.rank != 4:
-        raise NotImplementedError(f"Conv of rank {x.rank} (only 2-D convolution is lowered)")
-    out_shape = outs[0].shape
+def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0, name="w"):
+    """The blocked 2-D convolution sum shared by the float and int8 kernels.
+
+    Packs the input into NCHW{b}c (padding with ``fill``) and the constant weight at compile time,
+    and sums ``product(input_element, weight_element)`` over the window: depthwise convs in their
+    own layout, the rest register-blocked over ``bo`` output channels. Returns (accumulator, bo)."""
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
     g = a["group"]
@@ -76,34 +73,43 @@ def conv2d(ctx, a, ins, outs):
     vw = ctx.vw
     if cg == 1 and kg == 1 and g > 1:
         b = x.block if x.block and c % x.block == 0 else pick_block(c, vw)
-        P, padded = pack_input(x, b, pads)
-        wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), "w_dw")
+        P, padded = pack_input(x, b, pads, fill=fill)
+        wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), f"{name}_dw")
         rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
         acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
-            cast(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], F32) * cast(wp[co, rh, rw, ci], F32),
+            product(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], wp[co, rh, rw, ci]),
             axis=[rh, rw]), name="conv")
         ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded, block=b)
-        bo = b
-    else:
-        bo = pick_block(kg, vw)
-        if kg % (2 * vw) == 0 and ow >= 8:
-            bo = 2 * vw            # two vectors of output channels: one input broadcast feeds two FMAs
-        if x.block and cg % x.block == 0:
-            bi = x.block
-        else:
-            bi = pick_block(cg, vw, allow_small_full=True)
-        P, padded = pack_input(x, bi, pads)
-        wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), "w_conv")
-        ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
-        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
-        per_group = cg // bi
+        return acc, b
+    bo = pick_block(kg, vw)
+    if kg % (2 * vw) == 0 and ow >= 8:
+        bo = 2 * vw            # two vectors of output channels: one input broadcast feeds two FMAs
+    bi = x.block if x.block and cg % x.block == 0 else pick_block(cg, vw, allow_small_full=True)
+    P, padded = pack_input(x, bi, pads, fill=fill)
+    wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), f"{name}_conv")
+    ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
+    rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+    per_group = cg // bi
 
-        def body(i, ko, y, xx, ki):
-            base = ((ko * bo) // kg) * per_group if g > 1 else 0
-            return te.sum(cast(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici], F32)
-                          * cast(wp[ko, ico, rh, rw, ici, ki], F32), axis=[ico, rh, rw, ici])
-        acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
-        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
+    def body(i, ko, y, xx, ki):
+        base = ((ko * bo) // kg) * per_group if g > 1 else 0
+        return te.sum(product(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici],
+                              wp[ko, ico, rh, rw, ici, ki]), axis=[ico, rh, rw, ici])
+    acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
+    ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
+    return acc, bo
+
+
+def conv2d(ctx, a, ins, outs):
+    """Conv / FusedConv: returns the epilogue (bias, residual, activation) over the accumulator."""
+    x = ins[0]
+    w = ctx.const_data(1)
+    if w is None:
+        raise NotImplementedError("Conv with a non-constant weight")
+    if x.rank != 4:
+        raise NotImplementedError(f"Conv of rank {x.rank} (only 2-D convolution is lowered)")
+    out_shape = outs[0].shape
+    acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, lambda p, q: cast(p, F32) * cast(q, F32))
     accb = Buf(acc, out_shape, F32, bo)
     return [_epilogue(ctx, a, accb, ins, outs)]
 

@@ -27,7 +27,7 @@ from tvm import te, tirx
 from ...ir.types import INT_RANGES
 from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
-from .conv import _attrs2d, _reg_n, pack_input, pick_block
+from .conv import _attrs2d, conv2d_accumulate, pick_block
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
 
 I32, I64, F32 = "int32", "int64", "float32"
@@ -94,43 +94,10 @@ def qconv2d(ctx, a, ins, outs):
     zx = _zp(ctx, 0)
     bias = ctx.const_data(2)
     out_shape = outs[0].shape
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
-    g = a["group"]
-    kg = k // g
-    (sh, sw), (dh, dw), pads = _attrs2d(a)
-    oh, ow = out_shape[2:]
-    vw = ctx.vw
-    w32 = w.astype(np.int64)
+    k = w.shape[0]
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
-        - zx * w32.reshape(k, -1).sum(axis=1)
-    if cg == 1 and kg == 1 and g > 1:
-        b = x.block if x.block and c % x.block == 0 else pick_block(c, vw)
-        P, padded = pack_input(x, b, pads, fill=zx)
-        wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), "qw_dw")
-        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
-        acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
-            _mul(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], wp[co, rh, rw, ci]),
-            axis=[rh, rw]), name="conv")
-        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded, block=b)
-        bo = b
-    else:
-        bo = pick_block(kg, vw)
-        if kg % (2 * vw) == 0 and ow >= 8:
-            bo = 2 * vw
-        bi = x.block if x.block and cg % x.block == 0 else pick_block(cg, vw, allow_small_full=True)
-        P, padded = pack_input(x, bi, pads, fill=zx)
-        wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), "qw_conv")
-        ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
-        rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
-        per_group = cg // bi
-
-        def body(i, ko, y, xx, ki):
-            base = ((ko * bo) // kg) * per_group if g > 1 else 0
-            return te.sum(_mul(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici],
-                               wp[ko, ico, rh, rw, ici, ki]), axis=[ico, rh, rw, ici])
-        acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
-        ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
+        - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+    acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
     accb = Buf(acc, out_shape, I32, bo)
     fb = _channel_vec(ctx, fold, I32, "qbias")
     rq = requant_fn(ctx, a, outs[0], k)
