@@ -132,12 +132,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     sch.parallel(par)
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
-    out = _block(sch, "out")
-    if out is not None:
-        try:
-            sch.reverse_compute_inline(out)
-        except Exception:  # noqa: BLE001 - a differently laid-out output: its own loop nest
-            _spatial_nest(sch, out, vw)
+    _write_back(sch, vw)
     _vectorize_inner(sch, acc, 2)
     sch.vectorize(ki)
     sch.unroll(xi)
@@ -151,6 +146,17 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
         sch.parallel(sch.fuse(*pl[:3]))
         if _extent(sch, pl[-1]) > 1:
             sch.vectorize(pl[-1])
+
+
+def _write_back(sch, vw):
+    """The epilogue stage "out" (if any) joins the accumulator's write-back; an output laid out
+    differently from the accumulator cannot be inlined and gets its own parallel, vectorized nest."""
+    out = _block(sch, "out")
+    if out is not None:
+        try:
+            sch.reverse_compute_inline(out)
+        except Exception:  # noqa: BLE001 - TVM raises its own error types for an illegal inline
+            _spatial_nest(sch, out, vw)
 
 
 def conv2d(sch, vw, reg_n, pad):
@@ -179,12 +185,7 @@ def dense(sch, vw, mb):
         sch.parallel(par)
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
-    out = _block(sch, "out")
-    if out is not None:
-        try:
-            sch.reverse_compute_inline(out)
-        except Exception:  # noqa: BLE001
-            _spatial_nest(sch, out, vw)
+    _write_back(sch, vw)
     _vectorize_inner(sch, acc, 1)
     sch.vectorize(ni)
     sch.unroll(ii)
