@@ -27,6 +27,7 @@ from tvm import te, tirx
 from ...ir.types import INT_RANGES
 from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
+from . import qdot
 from .conv import _attrs2d, conv2d_accumulate, pick_block
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
 
@@ -87,6 +88,8 @@ def requant_fn(ctx, a, out_type, channels: int | None):
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
 def qconv2d(ctx, a, ins, outs):
+    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI (depthwise convs
+    excepted: they have no channel reduction), else the blocked conv with int16 products."""
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -94,14 +97,19 @@ def qconv2d(ctx, a, ins, outs):
     zx = _zp(ctx, 0)
     bias = ctx.const_data(2)
     out_shape = outs[0].shape
-    k = w.shape[0]
+    k, cg = w.shape[:2]
+    isa = qdot.isa_of(ctx)
+    depthwise = cg == 1 and k == a["group"] and k > 1
+    if not depthwise and qdot.applicable(isa, x, w):
+        acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
+    else:
+        acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
+        acc_at = Buf(acc, out_shape, I32, bo).at
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
         - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
-    acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
-    accb = Buf(acc, out_shape, I32, bo)
-    fb = _channel_vec(ctx, fold, I32, "qbias")
+    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
     rq = requant_fn(ctx, a, outs[0], k)
-    return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(accb.at(idx) + fb(idx[1]), idx[1]))]
+    return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(acc_at(idx) + fb(idx[1]), idx[1]))]
 
 
 # ---- QLinearGemm ----------------------------------------------------------------------------------
@@ -114,8 +122,20 @@ def qgemm(ctx, a, ins, outs):
     bias = ctx.const_data(2)
     m, n = outs[0].shape
     kk = w.shape[1]
+    isa = qdot.isa_of(ctx)
+    if qdot.applicable(isa, A, w):
+        acc_at, za = qdot.dense(ctx, A, w, za, isa)
+    else:
+        acc_at = _dense_int16(ctx, A, w, m, n, kk)
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
         - za * w.astype(np.int64).sum(axis=1)
+    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
+    rq = requant_fn(ctx, a, outs[0], n)
+    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(acc_at(idx[0], idx[1]) + fb(idx[1]), idx[1]))]
+
+
+def _dense_int16(ctx, A, w, m, n, kk):
+    """The plain int32 accumulator of A · w^T (int16 products, columns blocked by a vector)."""
     bn = pick_block(n, ctx.vw)
     if bn < ctx.vw and n > ctx.vw:
         bn = ctx.vw
@@ -129,10 +149,7 @@ def qgemm(ctx, a, ins, outs):
         _mul(A.at((i, rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
     mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
     ctx.schedule("dense", mb=mb)
-    fb = _channel_vec(ctx, fold, I32, "qbias")
-    rq = requant_fn(ctx, a, outs[0], n)
-    return [Lazy((m, n), outs[0].dtype,
-                 lambda idx: rq(d[idx[0], idx[1] // bn, idx[1] % bn] + fb(idx[1]), idx[1]))]
+    return lambda i, j: d[i, j // bn, j % bn]
 
 
 # ---- pools ----------------------------------------------------------------------------------------

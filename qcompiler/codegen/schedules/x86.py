@@ -193,6 +193,65 @@ def dense(sch, vw, mb):
     sch.vectorize(sch.get_loops(init)[-1])
 
 
+def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
+    """int8 conv on a dot-product intrinsic (:mod:`..kernels.qdot`): block "conv" has loops
+    (n, ko, y, x, ki, icb, rh, rw, ic, iq); the loop nest is that of :func:`_nchwc` with the output
+    channels split into registers of ``lanes`` and the (lanes x iq) tile tensorized."""
+    blk = sch.get_sblock("conv")
+    n, ko, y, x, ki, icb, rh, rw, ic, iq = sch.get_loops(blk)
+    xo, xi = sch.split(x, [None, reg_n])
+    kio, kil = sch.split(ki, [None, lanes])
+    sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
+    sch.parallel(sch.fuse(n, ko, y))
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
+    _write_back(sch, vw)
+    _vectorize_inner(sch, acc, 2)
+    sch.unroll(xi)
+    sch.unroll(kio)
+    if _extent(sch, ic) <= 8:
+        sch.unroll(ic)
+    init = sch.decompose_reduction(blk, icb)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(kil, intrin)
+    if pad:
+        _pack_nest(sch, vw)
+
+
+def _pack_nest(sch, vw):
+    """The activation packing stage "pad": parallel over its leading loops, inner loop vectorized."""
+    p = sch.get_sblock("pad")
+    pl = sch.get_loops(p)
+    if len(pl) > 3:
+        sch.parallel(sch.fuse(*pl[:3]))
+        if _extent(sch, pl[-1]) > 1:
+            sch.vectorize(pl[-1])
+    else:
+        _spatial_nest(sch, p, vw)
+
+
+def dense_dot(sch, vw, mb, lanes, intrin):
+    """int8 gemm on a dot-product intrinsic: block "dense" has loops (i, no, ni, kb, kq); rows
+    blocked by ``mb``, the (ni x kq) tile tensorized; the packing stage "pad", if any, apart."""
+    blk = sch.get_sblock("dense")
+    i, no, ni, kb, kq = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, mb])
+    sch.reorder(io, no, kb, ii, ni, kq)
+    par = sch.fuse(io, no)
+    if _extent(sch, par) > 1:
+        sch.parallel(par)
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
+    _write_back(sch, vw)
+    _vectorize_inner(sch, acc, 1)
+    sch.unroll(ii)
+    init = sch.decompose_reduction(blk, kb)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(ni, intrin)
+    if _block(sch, "pad") is not None:
+        _pack_nest(sch, vw)
+
+
 def matmul(sch, vw):
     blk = sch.get_sblock("matmul")
     loops = sch.get_loops(blk)
@@ -267,4 +326,5 @@ def generic(sch, vw, **_):
 
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
-         "dense": dense, "matmul": matmul, "rowwise": rowwise, "generic": generic}
+         "dense": dense, "conv2d_dot": conv2d_dot, "dense_dot": dense_dot, "matmul": matmul,
+         "rowwise": rowwise, "generic": generic}

@@ -1,0 +1,167 @@
+"""x86 integer dot-product tensor intrinsics for the int8 kernels, and which of them a target has.
+
+Two exact formulations of ``C[i] += Σ_k A[k] · B[i, k]`` (int32 accumulators, ``L`` lanes):
+
+* **VNNI** (``vpdpbusd``, AVX512-VNNI or AVX-VNNI): A is 4 uint8, B is L x 4 int8; one
+  instruction adds the 4 products of each lane to its int32 accumulator. The products
+  (|u8·s8| <= 255·128) and their sum of four are exact; the accumulation wraps modulo 2^32 (it
+  does not saturate: that is ``vpdpbusds``), which is exact for sums that fit int32 and, since
+  the kernels fold the zero point as ``Σ x w − z_x Σ w``, exact modulo 2^32 for the true result.
+  Intel SDM vol. 2, VPDPBUSD; the LLVM >= 21 intrinsic takes <4L x i8> operands (TVM 0.27's own
+  ``dot_16x4_vnni`` still passes <16 x i32> and fails LLVM 22's verifier).
+* **pmaddwd** (AVX2 without VNNI, e.g. AMD Zen 3; or AVX-512BW without VNNI): A is 2 int16, B is
+  L x 2 int16 (the uint8/int8 values widened at packing time); ``vpmaddwd`` forms the two
+  products in int32 and adds them, exactly (|2·255·128| < 2^31), then ``vpaddd``. The 8-bit
+  ``vpmaddubsw`` route is not used: it saturates the pair sum to int16 (255·127·2 > 32767), which
+  would change results unless weights were limited to 7 bits.
+
+The A operand is one 32-bit word (4 x u8 or 2 x s16) broadcast to all lanes, the B operand one
+vector register of packed weights. Each intrinsic is registered once per accumulator scope
+(``global`` and ``local``: tensorize matches buffer scopes) and lane count (4, 8, 16: xmm, ymm,
+zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from .target import TargetSpec
+
+
+@dataclass(frozen=True)
+class DotIsa:
+    """The integer dot product a target gets: ``kind`` is "vnni" (u8 x s8, groups of 4) or
+    "pmaddwd" (s16 x s16, groups of 2); ``lanes`` the widest int32 vector (16 or 8)."""
+    kind: str
+    lanes: int
+
+    @property
+    def group(self) -> int:
+        return 4 if self.kind == "vnni" else 2
+
+    @property
+    def a_dtype(self) -> str:
+        return "uint8" if self.kind == "vnni" else "int16"
+
+    @property
+    def b_dtype(self) -> str:
+        return "int8" if self.kind == "vnni" else "int16"
+
+    def lanes_for(self, n: int) -> int:
+        """The widest lane count (lanes, lanes/2, lanes/4 >= 4) dividing ``n``, or 0."""
+        lanes = self.lanes
+        while lanes >= 4:
+            if n % lanes == 0:
+                return lanes
+            lanes //= 2
+        return 0
+
+    def intrin(self, lanes: int, scope: str = "local") -> str:
+        return _register(self.kind, lanes, scope)
+
+    def __str__(self):
+        return f"{self.kind}x{self.lanes}"
+
+
+def int8_isa(spec: TargetSpec) -> DotIsa | None:
+    """The dot-product formulation for ``spec`` (None: not x86, or no AVX2: plain loops).
+
+    Asks LLVM whether the target's CPU (``spec.cpu`` or the host) with ``spec.features``
+    (``-avx512vnni`` etc. switch features off) has AVX512-VNNI (512-bit lanes when AVX-512F is on),
+    AVX-VNNI (256-bit), AVX-512BW or AVX2."""
+    if spec.family != "x86":
+        return None
+    host = spec.host_tvm
+    return _isa(host.get("mcpu", ""), tuple(host.get("mattr", ())))
+
+
+@lru_cache(maxsize=None)
+def _isa(cpu: str, mattr: tuple) -> DotIsa | None:
+    import tvm
+    from tvm.target import codegen
+    t = {"kind": "llvm"}
+    if cpu:
+        t["mcpu"] = cpu
+    if mattr:
+        t["mattr"] = list(mattr)
+    target = tvm.target.Target(t)
+
+    def has(f):
+        return bool(codegen.llvm_cpu_has_features([f], target))
+    wide = has("avx512f") and has("avx512bw") and has("avx512vl")
+    if wide and has("avx512vnni"):
+        return DotIsa("vnni", 16)
+    if has("avxvnni") or (has("avx512vnni") and has("avx512vl")):
+        return DotIsa("vnni", 8)
+    if wide:
+        return DotIsa("pmaddwd", 16)
+    if has("avx2"):
+        return DotIsa("pmaddwd", 8)
+    return None
+
+
+# ---- the intrinsics --------------------------------------------------------------------------------
+_VNNI_LLVM = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256",
+              4: "llvm.x86.avx512.vpdpbusd.128"}
+_PMADDWD_LLVM = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
+
+
+def _make(kind: str, lanes: int, scope: str):
+    k = 4 if kind == "vnni" else 2
+    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int16")
+    word = lanes * k                       # elements in one B register
+    a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((k,), adt, offset_factor=1),
+             B: T.Buffer((lanes, k), bdt, offset_factor=1),
+             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for j in T.serial(0, k):
+                    with T.sblock("update"):
+                        vi, vj = T.axis.remap("SR", [i, j])
+                        C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+
+    if kind == "vnni":
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((k,), adt, offset_factor=1),
+                 B: T.Buffer((lanes, k), bdt, offset_factor=1),
+                 C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+                T.writes(C[0:lanes])
+                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(_VNNI_LLVM[lanes]), C.vload([0], c_vec),
+                    T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
+                    B.vload([0, 0], dtype=b_vec), dtype=c_vec)
+    else:
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((k,), adt, offset_factor=1),
+                 B: T.Buffer((lanes, k), bdt, offset_factor=1),
+                 C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+                T.writes(C[0:lanes])
+                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
+                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(_PMADDWD_LLVM[lanes]),
+                    T.reinterpret(T.broadcast(a32, lanes), dtype=b_vec),
+                    B.vload([0, 0], dtype=b_vec), dtype=c_vec)
+    return desc, impl
+
+
+@lru_cache(maxsize=None)
+def _register(kind: str, lanes: int, scope: str) -> str:
+    name = f"qc_x86_{kind}_{lanes}_{scope}"
+    try:
+        s_tir.TensorIntrin.get(name, allow_missing=False)
+    except Exception:  # noqa: BLE001 - not registered yet in this process
+        s_tir.TensorIntrin.register(name, *_make(kind, lanes, scope))
+    return name

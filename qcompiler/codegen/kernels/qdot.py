@@ -1,0 +1,172 @@
+"""x86 int8 convolution and gemm on dot-product instructions (VNNI ``vpdpbusd`` or ``vpmaddwd``).
+
+The accumulation ``acc[c] = Σ_k x[k] · w[c, k]`` is tensorized with the intrinsics of
+:mod:`..intrin_x86`: the reduction runs in groups of ``q`` consecutive input channels (q = 4 for
+VNNI, 2 for pmaddwd) and ``L`` output channels per instruction (16, 8 or 4 int32 lanes).
+
+Operands, packed so that one group is one 32-bit word and one weight tile one vector register:
+
+* activations ``P`` (n, C'/bi, H + pads, W + pads, bi): NCHW{bi}c with ``bi`` a multiple of q and
+  the input channels of each group padded to C'/g = ceil(C/g / q)·q. VNNI reads uint8; an int8
+  activation x is stored as ``x ^ 0x80 = x + 128`` (mod 256) and its zero point becomes z + 128,
+  so that ``Σ (x - z) w`` is unchanged. The pmaddwd path stores the values widened to int16.
+  A uint8 input already blocked by a multiple of 4 channels, with no padding, is read in place.
+* weights (K'/bo, C'/g/bi, R, S, bi/q, bo, q), packed at compile time: ``bo`` output channels
+  (one or two registers of L lanes) by q input channels, zero for padded channels; the output
+  channels of each group are padded to a multiple of 4 when L would not divide them.
+
+The caller folds the zero point into the bias with the *effective* zero point returned here
+(``bias - z_eff · Σ_k w[c, k]``), exactly as the plain kernels do; padding stores z_eff so that it
+cancels. Intel's VNNI guide ("Lower numerical precision deep learning inference and training",
+Intel white paper, 2018) and TVM's ``conv2d_NCHWc_int8`` use the same 4-channel grouping.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from ..intrin_x86 import DotIsa, int8_isa
+from .tensor import Buf, cast, compute
+
+I32 = "int32"
+
+
+def isa_of(ctx) -> DotIsa | None:
+    low = getattr(ctx, "low", None)
+    spec = getattr(low, "spec", None)
+    return int8_isa(spec) if spec is not None else None
+
+
+def _up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def wrap_int32(v: np.ndarray) -> np.ndarray:
+    """int64 values reduced modulo 2^32 into int32 (the kernels' accumulators wrap alike)."""
+    return ((np.asarray(v, np.int64) + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+
+
+def _to_a(isa: DotIsa, v, src_dtype: str):
+    """A stored uint8/int8 activation as the intrinsic's A operand type."""
+    if isa.kind == "vnni":
+        if src_dtype == "uint8":
+            return v
+        return tirx.bitwise_xor(tirx.reinterpret("uint8", v), tirx.const(0x80, "uint8"))
+    return v.astype("int16")
+
+
+def effective_zp(isa: DotIsa, src_dtype: str, z: int) -> int:
+    return z + 128 if isa.kind == "vnni" and src_dtype == "int8" else z
+
+
+def applicable(isa: DotIsa | None, x, w: np.ndarray | None) -> bool:
+    return (isa is not None and w is not None and w.dtype == np.int8
+            and x.dtype in ("uint8", "int8"))
+
+
+def _in_block(cgp: int, q: int, have: int) -> int:
+    """Input-channel block of the packed activations: the input's own block if it serves,
+    else q times the largest divisor d of cgp/q with q·d <= 16."""
+    if have and have % q == 0 and cgp % have == 0:
+        return have
+    n = cgp // q
+    d = max(v for v in range(1, 16 // q + 1) if n % v == 0)
+    return q * d
+
+
+def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
+    """The int32 accumulator of a (grouped, strided, dilated, padded) convolution on dot-product
+    instructions. Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
+    from .conv import _attrs2d, _reg_n
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    g = a["group"]
+    kg = k // g
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
+    oh, ow = out_shape[2:]
+    q = isa.group
+    cgp = _up(cg, q)
+    kgp = kg if isa.lanes_for(kg) else _up(kg, 4)
+    lanes = isa.lanes_for(kgp)
+    bo = 2 * lanes if kgp % (2 * lanes) == 0 and ow >= 8 else lanes
+    zeff = effective_zp(isa, x.dtype, zx)
+    pads = (pt, pl, pb, pr)
+    bi = _in_block(cgp, q, x.block if cgp == cg and x.block else 0)
+    if (isinstance(x, Buf) and x.block == bi and not any(pads) and x.dtype == isa.a_dtype
+            and cgp == cg):
+        P, padded = x.tensor, False
+    else:
+        P, padded = _pack(x, isa, g, cg, cgp, bi, pads, zeff), True
+    wpad = np.zeros((g, kgp, cgp, r, s), np.int64)
+    wpad[:, :kg, :cg] = w.reshape(g, kg, cg, r, s)
+    wpk = wpad.reshape(g * kgp // bo, bo, cgp // bi, bi // q, q, r, s).transpose(0, 2, 5, 6, 3, 1, 4)
+    wp = ctx.param(wpk.astype(isa.b_dtype), "qw_dot")
+    icb, ic = te.reduce_axis((0, cgp // bi), "icb"), te.reduce_axis((0, bi // q), "ic")
+    rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+    iq = te.reduce_axis((0, q), "iq")
+    per_group = cgp // bi
+
+    def body(i, ko, y, xx, ki):
+        base = ((ko * bo) // kgp) * per_group if g > 1 else 0
+        return te.sum(cast(P[i, base + icb, y * sh + rh * dh, xx * sw + rw * dw, ic * q + iq], I32)
+                      * cast(wp[ko, icb, rh, rw, ic, ki, iq], I32), axis=[icb, rh, rw, ic, iq])
+    acc = compute((n, g * kgp // bo, oh, ow, bo), body, name="conv")
+    ctx.schedule("conv2d_dot", reg_n=_reg_n(ow, ctx, bo * ctx.vw // lanes), pad=padded, block=bo,
+                 lanes=lanes, intrin=isa.intrin(lanes))
+    if kgp == kg:
+        return Buf(acc, out_shape, I32, bo).at, zeff
+    accb = Buf(acc, (n, g * kgp, oh, ow), I32, bo)
+    return (lambda idx: accb.at((idx[0], (idx[1] // kg) * kgp + idx[1] % kg, idx[2], idx[3]))), zeff
+
+
+def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zeff):
+    """x as (n, g·cgp/bi, H+pads, W+pads, bi) in the A operand type; padding holds z_eff."""
+    pt, pl, pb, pr = pads
+    n, c, h, w = x.shape
+    fill = tirx.const(zeff if isa.kind != "vnni" else zeff & 0xFF, isa.a_dtype)
+    per_group = cgp // bi
+
+    def body(i, cb, y, xx, ci):
+        if cgp == cg:
+            ch, ok = cb * bi + ci, []
+        else:
+            j = (cb % per_group) * bi + ci
+            ch, ok = (cb // per_group) * cg + tirx.min(j, cg - 1), [j < cg]
+        if any(pads):
+            ok += [y >= pt, y < pt + h, xx >= pl, xx < pl + w]
+        v = _to_a(isa, x.at((i, ch, y - pt, xx - pl)), x.dtype)
+        return tirx.if_then_else(tirx.all(*ok), v, fill) if ok else v
+    return compute((n, g * cgp // bi, h + pt + pb, w + pl + pr, bi), body, name="pad")
+
+
+def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
+    """The int32 accumulator of ``A (m x K) · w^T`` (w: N x K int8) on dot-product instructions.
+    Returns (acc(i, j) accessor, effective zero point)."""
+    m, kk = A.shape
+    nn = w.shape[0]
+    q = isa.group
+    kp = _up(kk, q)
+    lanes = isa.lanes
+    while lanes > 4 and lanes // 2 >= nn:
+        lanes //= 2
+    npad = _up(nn, lanes)
+    zeff = effective_zp(isa, A.dtype, za)
+    if isinstance(A, Buf) and not A.block and A.dtype == isa.a_dtype and kp == kk:
+        Ap = A.tensor if A.phys_shape == (m, kk) else None
+    else:
+        Ap = None
+    if Ap is None:
+        fill = tirx.const(0, isa.a_dtype)
+        Ap = compute((m, kp), lambda i, j: tirx.if_then_else(
+            j < kk, _to_a(isa, A.at((i, tirx.min(j, kk - 1))), A.dtype), fill) if kp != kk
+            else _to_a(isa, A.at((i, j)), A.dtype), name="pad")
+    wpad = np.zeros((npad, kp), np.int64)
+    wpad[:nn, :kk] = w
+    wp = ctx.param(wpad.reshape(npad // lanes, lanes, kp // q, q).transpose(0, 2, 1, 3).astype(isa.b_dtype),
+                   "qw_dense_dot")
+    kb, kq = te.reduce_axis((0, kp // q), "kb"), te.reduce_axis((0, q), "kq")
+    d = compute((m, npad // lanes, lanes), lambda i, no, ni: te.sum(
+        cast(Ap[i, kb * q + kq], I32) * cast(wp[no, kb, ni, kq], I32), axis=[kb, kq]), name="dense")
+    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
+    ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes))
+    return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
