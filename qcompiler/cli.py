@@ -4,6 +4,7 @@
     qcompile inspect MODEL.onnx [--passes P]                                      IR, op histogram, parameters
     qcompile convert MODEL.onnx -o OUT.onnx [--passes P]                          IR after passes, as ONNX
     qcompile run OUT --input X.npy|X.npz [--output Y.npy]                         run an artifact
+    qcompile verify OUT --data X.npy|X.npz [--qdq F.onnx] [--samples N] [--json]  int8 parity with ONNX Runtime
 
 Bad input of any kind is one line on stderr and exit code 2; nothing the user gave is modified and no
 half-written output is left behind.
@@ -19,7 +20,7 @@ import time
 from . import __version__
 from .errors import UserError
 
-COMMANDS = ("compile", "inspect", "convert", "run")
+COMMANDS = ("compile", "inspect", "convert", "run", "verify")
 EXIT_USER_ERROR = 2
 
 
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "  qcompile MODEL.onnx --target x86 --dtype fp32 -o OUT   compile (the default command)\n"
                   "  qcompile inspect MODEL.onnx [--passes P]              IR text, op histogram, parameters\n"
                   "  qcompile convert MODEL.onnx -o OUT.onnx [--passes P]  the IR after passes, as ONNX\n"
-                  "  qcompile run OUT --input X.npz [--output Y.npy]       run a compiled artifact\n",
+                  "  qcompile run OUT --input X.npz [--output Y.npy]       run a compiled artifact\n"
+                  "  qcompile verify OUT --data X.npz [--qdq F.onnx]       int8 artifact vs its QDQ model in ORT\n",
                   epilog="Run 'qcompile COMMAND --help' for a command's options.")
     top.add_argument("--version", action="version", version=f"qcompiler {__version__}")
     top.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
@@ -106,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".npy (the single input) or .npz (arrays named like the inputs, or 'x')")
     r.add_argument("--output", default=None, metavar="Y.npy|Y.npz", help="write the outputs here")
     r.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+
+    f = sub.add_parser("verify", help="compare an int8 artifact with its QDQ model in ONNX Runtime",
+                       description="Run an int8 artifact (ARM ones under qemu-aarch64) and the QDQ export of "
+                       "the same quantized model in ONNX Runtime on the same inputs; print, layer by layer, "
+                       "the largest difference in quantization steps (LSB) and the share of final-output "
+                       "elements within 1 LSB. Exit code 0: PASS (every layer within 1 LSB, >= 99.9 %% of "
+                       "output elements within 1 LSB), 1: FAIL, 2: bad input.")
+    f.add_argument("artifact", help="int8 artifact directory written by 'qcompile --dtype int8'")
+    f.add_argument("--data", required=True, metavar="X.npy|X.npz",
+                   help="inputs with a leading sample dimension (as for 'qcompile run')")
+    f.add_argument("--qdq", default=None, metavar="FILE.onnx",
+                   help="the QDQ model to compare with (default: exported from the artifact's model.qir)")
+    f.add_argument("--samples", type=int, default=None, metavar="N", help="use the first N samples (default all)")
+    f.add_argument("--json", action="store_true", help="print the report as JSON")
     return top
 
 
@@ -304,6 +320,11 @@ def cmd_run(args, log) -> int:
     return 0
 
 
+def cmd_verify(args, log) -> int:
+    from .verify import main as verify_main
+    return verify_main(args, log)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
@@ -327,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         import warnings
         warnings.showwarning = lambda m, c, f, l, file=None, line=None: log(f"qcompile: warning: {m}")
         return {"compile": cmd_compile, "inspect": cmd_inspect, "convert": cmd_convert,
-                "run": cmd_run}[args.command](args, log)
+                "run": cmd_run, "verify": cmd_verify}[args.command](args, log)
     except UserError as e:
         print(f"qcompile: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -12,6 +12,9 @@ Per target family the library is exported with:
 * x86: the host C++ compiler (TVM's default, ``g++``);
 * arm: the cross compiler ``aarch64-linux-gnu-g++`` (``$QCOMPILER_AARCH64_CXX`` overrides, see :mod:`.arm`);
 * cuda: the host compiler, with the fatbin compiled by :mod:`.cuda_aot` embedded.
+
+A quantized graph also gets ``OUT/model.qir`` (its IR text) and a ``debug`` entry in the manifest
+naming the values that the library's ``debug`` function returns (see :func:`write_debug_ir`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from ..errors import UserError
 from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
@@ -27,14 +30,19 @@ from .target import TargetSpec
 
 
 BuildFn = Callable[[Any, TargetSpec], Any]      # (graph, spec) -> tvm.runtime.Executable
+ExtraFile = Union[bytes, Callable[[dict], bytes]]   # contents, or manifest -> contents
 
 
 def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: BuildFn | None = None,
-                   command: Sequence[str] | None = None) -> Path:
+                   command: Sequence[str] | None = None,
+                   extra_files: dict[str, ExtraFile] | None = None) -> Path:
     """Compile ``graph`` for ``spec`` and write the artifact folder ``out_dir``; returns its path.
 
     ``build`` replaces :func:`qcompiler.codegen.lower.build_module` (tests, custom pipelines).
-    ``command`` (e.g. ``sys.argv``) is recorded in the manifest as ``created_by``."""
+    ``command`` (e.g. ``sys.argv``) is recorded in the manifest as ``created_by``.
+    ``extra_files``: more files for the folder (e.g. ``report.json``), written before the folder
+    is renamed into place, each as bytes or as ``fn(manifest) -> bytes`` (called once the library
+    exists, e.g. to report its size); the manifest lists them under ``files`` (sha256, bytes)."""
     out = Path(out_dir).absolute()
     check_destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -48,12 +56,29 @@ def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: Build
         if spec.family == "cuda":
             _check_device_code(lib, cuda_info)
         manifest = make_manifest(graph, spec, lib, cuda_info, command)
+        if graph.meta.get("debug_outputs"):
+            manifest["debug"] = write_debug_ir(graph, tmp)
+        if extra_files:
+            manifest["files"] = write_extra_files(extra_files, tmp, manifest)
         (tmp / MANIFEST).write_text(dumps(manifest))
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def write_extra_files(files: dict[str, ExtraFile], folder: Path, manifest: dict) -> dict[str, dict]:
+    """Write ``files`` into ``folder``; returns the manifest's ``files`` entry."""
+    listed = {}
+    for name, content in sorted(files.items()):
+        if Path(name).name != name or name in (LIBRARY, MANIFEST):
+            raise ValueError(f"extra artifact file '{name}' must be a plain file name other than "
+                             f"{LIBRARY} and {MANIFEST}")
+        data = content(manifest) if callable(content) else content
+        (folder / name).write_bytes(data)
+        listed[name] = {"sha256": sha256_file(folder / name), "bytes": len(data)}
+    return listed
 
 
 def check_destination(out: Path) -> None:
@@ -119,11 +144,13 @@ def export_cc(spec: TargetSpec) -> str | None:
 
 def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
     """``ex.export_library`` with the right linker for the target family; intermediate files go
-    to ``workspace`` (inside the temporary folder, so an interrupted export leaves nothing)."""
+    to ``workspace`` (inside the temporary folder, so an interrupted export leaves nothing).
+    The library is linked without debug sections (DWARF of the generated kernels: 10-25 % of an
+    int8 model.so, of no use to a deployed artifact; the symbol table stays)."""
     cc = export_cc(spec)
     workspace.mkdir()
     kwargs = {"cc": cc} if cc else {}
-    ex.export_library(str(path), workspace_dir=str(workspace), **kwargs)
+    ex.export_library(str(path), workspace_dir=str(workspace), options=["-Wl,--strip-debug"], **kwargs)
     shutil.rmtree(workspace)
 
 
@@ -140,6 +167,21 @@ def _check_device_code(lib: Path, info: dict) -> None:
     if set(info["sass"]) - found:
         raise RuntimeError(f"{lib.name}: nvcc compiled {info['kernels']} CUDA module(s) but the library "
                            f"lacks device code for {sorted(set(info['sass']) - found)}")
+
+
+DEBUG_IR = "model.qir"
+
+
+def write_debug_ir(graph, folder: Path) -> dict[str, Any]:
+    """For a quantized graph: write its IR text (quantization parameters, weights) to
+    ``folder/model.qir`` and return the manifest's ``debug`` entry: that file, and the values the
+    library's ``debug`` function returns (name, logical shape, dtype, stored shape), in order.
+    ``qcompile verify`` reads both (:mod:`qcompiler.verify`)."""
+    from ..ir.printer import print_graph
+    path = folder / DEBUG_IR
+    path.write_text(print_graph(graph))
+    return {"function": "debug", "ir": {"file": DEBUG_IR, "sha256": sha256_file(path)},
+            "outputs": [dict(d) for d in graph.meta["debug_outputs"]]}
 
 
 def io_specs(values) -> list[dict[str, Any]]:

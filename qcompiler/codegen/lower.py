@@ -36,6 +36,9 @@ Relu/Clip clamp) is the kernel's fused epilogue, as is a following QLinearAdd (r
 DequantizeLinear. Bit-exact with qcompiler.quant.reference (tests/codegen/test_x86_int8.py).
 x86 is tested; arm and cuda build the same computes (arm: x86 schedules with 4-lane blocks, cuda:
 dlight) but are not run yet. No VNNI/AVX2 u8xs8 tensor intrinsic yet.
+A quantized module also has functions ``debug`` and ``debug_alone``: the same kernel calls as
+``main`` (same PrimFuncs and constants) returning every stored value, chained or each kernel on given
+operands, for ``qcompile verify``.
 
 Precision: with ``spec.dtype == "fp16"`` every float activation and weight is stored as float16;
 all arithmetic (conv/gemm accumulation, softmax, reductions, normalization, activations) is done
@@ -190,6 +193,7 @@ class _Lowering:
         self.consts: dict[tuple[int, str], relax.Expr] = {}
         self.kernels: list[str] = []
         self.cache: dict[int, list] = {}
+        self.calls: list[tuple[Value, relax.Var, relax.Call]] = []    # (root, var, call) in emission order
 
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
@@ -264,11 +268,13 @@ class _Lowering:
             else:
                 out = materialize(val, block, sdt, "out")
                 phys = tuple(int(d) for d in out.shape)
+        ctx.params = _read_params(ctx.params, out)
         func = te.create_prim_func([p for p, _ in ctx.params] + [out])
         kind, params = ctx.sched
         gv = self._add_kernel(bb, func, ctx.sched, (g.anchor or root.producer).kind.lower())
         call = relax.call_tir(gv, [e for _, e in ctx.params], relax.TensorType(phys, sdt))
         self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, block)
+        self.calls.append((root, self.stored[root].expr, call))
 
     def _add_kernel(self, bb: relax.BlockBuilder, func, sched, hint: str) -> relax.GlobalVar:
         """Schedule ``func`` and add it to the module, reusing an identical kernel (same
@@ -334,7 +340,48 @@ class _Lowering:
                 outs = [self._output(bb, v) for v in graph.outputs]
                 res = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(res)
+        self._debug_function(bb)
         return bb.get()
+
+    def _debug_function(self, bb: relax.BlockBuilder) -> None:
+        """Two more functions for ``qcompile verify``, both making ``main``'s kernel calls (same
+        PrimFuncs, same constants, same order) and returning every value a kernel stores, in its
+        stored layout (NCHW{b}c or plain):
+
+        * ``debug(inputs...)``: chained as in ``main``;
+        * ``debug_alone(inputs..., stored...)``: each kernel reads the *given* stored values instead
+          of its producers' results, so a layer can be checked alone on another engine's inputs.
+
+        The stored values' names, logical/stored shapes and dtypes go to
+        ``graph.meta["debug_outputs"]`` (the artifact's manifest lists them)."""
+        graph = self.graph
+        graph.meta.pop("debug_outputs", None)
+        if not any(root.type.quant is not None and root.dtype not in FLOATS for root, _, _ in self.calls):
+            return
+        stored = [(root, var, relax.TensorType(self.stored[root].phys, self.stored[root].dtype))
+                  for root, var, _ in self.calls]
+        for name, alone in (("debug", False), ("debug_alone", True)):
+            params = [relax.Var(_hint(v.name), relax.TensorType(v.shape, v.dtype)) for v in graph.inputs]
+            subst = {self.stored[v].expr: p for v, p in zip(graph.inputs, params)}
+            if alone:
+                given = [relax.Var(_hint(root.name) + "_in", t) for root, _, t in stored]
+                subst.update({var: p for (_, var, _), p in zip(stored, given)})
+                params += given
+            results = []
+            with bb.function(name, params):
+                with bb.dataflow():
+                    for root, var, call in self.calls:
+                        args = [subst.get(a, a) for a in call.args[1].fields]
+                        out = bb.emit(relax.call_tir(call.args[0], args, call.ty_args[0]), name_hint=_hint(root.name))
+                        results.append(out)
+                        if not alone:
+                            subst[var] = out
+                    res = bb.emit_output(relax.Tuple(results))
+                bb.emit_func_output(res)
+        graph.meta["debug_outputs"] = [
+            {"name": root.name, "shape": list(root.shape), "dtype": root.dtype,
+             "stored_shape": list(self.stored[root].phys), "stored_dtype": self.stored[root].dtype}
+            for root, _, _ in stored]
 
     def _output(self, bb, v: Value) -> relax.Expr:
         if v.is_const:
@@ -346,6 +393,21 @@ class _Lowering:
         if tuple(s.phys) != tuple(v.shape):
             e = bb.emit(relax.op.reshape(e, v.shape))
         return e
+
+
+def _read_params(params: list[tuple[te.Tensor, relax.Expr]], out: te.Tensor) -> list:
+    """The kernel arguments that ``out`` reads. A builder gets every constant operand as an argument
+    but may read only a re-laid-out copy of it (packed dense/conv weights, made with ctx.param); an
+    argument left unread would still put the original into the artifact's constant pool, storing
+    those weights twice (an fp32 model.so twice the size of its weights)."""
+    seen, stack = set(), [out.op]
+    while stack:
+        op = stack.pop()
+        for t in getattr(op, "input_tensors", ()):
+            if t.op not in seen:
+                seen.add(t.op)
+                stack.append(t.op)
+    return [(p, e) for p, e in params if p.op in seen]
 
 
 def _phys_body(val: LTensor, view: Buf, sdt: str):
