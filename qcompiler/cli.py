@@ -55,6 +55,12 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
     q.add_argument("--preprocess", default=None, metavar="ITEMS",
                    help="for image folders: e.g. 'imagenet,bgr' or 'resize=256,mean=0.5,std=0.5,scale=1/255,nhwc'")
+    q.add_argument("--eval-samples", type=int, default=64, metavar="N",
+                   help="int8 build report (OUT/report.json): evaluate per-layer SQNR and top-1 agreement "
+                        "vs fp32 on N samples held back from calibration (default 64; 0: no evaluation)")
+    q.add_argument("--eval", default=None, metavar="PATH",
+                   help="evaluate the report on this data (.npy/.npz or image folder, same preprocessing) "
+                        "instead of the calibration source's next samples")
     q.add_argument("--keep-float", action="append", default=[], metavar="NAME|KIND",
                    help="keep these ops (by name or kind) in float (repeatable)")
 
@@ -285,7 +291,12 @@ def cmd_compile(args, log) -> int:
         if spec.dtype != "int8":
             raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
         check_output_path(args.export_qdq, is_dir=False)
+    if spec.dtype != "int8" and args.eval:
+        raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval", "add --dtype int8")
     if spec.dtype == "int8":
+        if args.eval_samples < 0:
+            raise UserError(f"--eval-samples must be 0 or more, got {args.eval_samples}", "--eval-samples",
+                            "give a number of samples, or 0 to skip the evaluation")
         if args.passes in (None, "default"):
             args.passes = "default,quantize"
         elif "quantize" not in args.passes.split(","):
@@ -293,12 +304,36 @@ def cmd_compile(args, log) -> int:
     from .codegen.artifact import write_artifact
     t0 = time.perf_counter()
     g = load_model(args)
-    run_pipeline(g, args, log)
+    evaluation = None
+    if spec.dtype == "int8":                   # held-back data for the build report; bad --eval fails early
+        from .quant import report
+        from .quant.data import Preprocess
+        evaluation = report.eval_data(g.inputs, samples=args.eval_samples, calib=args.calib,
+                                      calib_samples=args.calib_samples, eval_path=args.eval,
+                                      preprocess=Preprocess.parse(args.preprocess) if args.preprocess else None,
+                                      batch=g.inputs[0].shape[0] if g.inputs and g.inputs[0].shape else 1,
+                                      random_calib_samples=min(args.calib_samples, 64))
+    pm = run_pipeline(g, args, log)
     if args.export_qdq:
         from .quant.qdq_export import save_qdq
         save_qdq(g, args.export_qdq)
         log(f"wrote {args.export_qdq} (QDQ ONNX of the quantized model)")
-    out = write_artifact(g, spec, args.output)
+    extra, done = {}, {}
+    if spec.dtype == "int8" and is_quantized(g):
+        calib = pm.ctx.options["quantize"].calib
+        rep = report.build_report(
+            pm.ctx.data.get("quantize.float_graph"), g, evaluation, percentile=args.percentile,
+            model=os.path.basename(args.model), target=spec.family,
+            calibration={"source": args.calib, "samples": calib.num_samples if calib is not None
+                         else min(args.calib_samples, 64), "method": args.calib_method})
+
+        def report_json(manifest):
+            done["report"] = report.with_library_size(rep, manifest["library"]["bytes"])
+            return report.to_json(done["report"])
+        extra[report.REPORT] = report_json
+    out = write_artifact(g, spec, args.output, extra_files=extra)
+    if "report" in done and not args.quiet:
+        print(report.format_table(done["report"]), end="")
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -36,7 +36,12 @@ with b_q = round(b / (s_x s_w[o])) in int32. Steps:
 3. calibrate: one :func:`~qcompiler.quant.calibrate.collect_ranges` pass of the float graph over
    the data, for every value whose range sets params (QLinear outputs, Concat outputs, float values
    entering quantized ops); ``ranges`` given in the options take precedence.
-4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range.
+4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range,
+   and in ``graph.meta["quant"]["float_values"]`` which float value each quantized value stands for
+   (``{"conv_out": "conv_out", "x_q": "x", "a_rq": "a"}``), named as in the float graph after step 1.
+   That float graph is kept in ``ctx.data["quantize.float_graph"]`` (a clone sharing the constant
+   arrays): the build report (:mod:`qcompiler.quant.report`) evaluates it as the fp32 reference, in
+   which every split-off value (``y_acc`` of a fused residual block) has its fp32 counterpart.
 
 Before (with ``ranges={"x": (-1, 1), "y": (0, 3)}`` in the options instead of calibration data)::
 
@@ -46,12 +51,12 @@ Before (with ``ranges={"x": (-1, 1), "y": (0, 3)}`` in the options instead of ca
       return %y
     }
 
-After (x: 1/127 per step around 128; y: 3/255 from 0; M = s_x s_w / s_y = 1448609770 * 2^-38)::
+After (x: 2/255 per step around 127; y: 3/255 from 0; M = s_x s_w / s_y = 1442928868 * 2^-38)::
 
     graph @g(%x: tensor<1x4xf32>) {
       %w_q = const dense<[63, -127, 32, 0, 127, 63, -63, 32]> : tensor<2x4x!quant.uniform<i8:f32:0, {0.007874017:0, 0.007874017:0}>>
-      %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007874017:128>>
-      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [1448609770, 1448609770], shift = [38, 38]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
+      %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007843138:127>>
+      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [1442928868, 1442928868], shift = [38, 38]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
       %y = DequantizeLinear(%y_q) : tensor<1x2xf32>
       return %y
     }
@@ -288,6 +293,7 @@ class _Rewriter:
         self.qv: dict[Value, Value] = {}            # float value (or its DequantizeLinear) -> quantized
         self.dqs: list[Op] = []
         self.layers: dict[str, dict] = {}
+        self.stands_for: dict[Value, str] = {}      # quantized value -> name of the float value it encodes
 
     def qval(self, v: Value, anchor: Op) -> Value:
         """The quantized form of float value ``v``: known, a quantized constant, or a new Q op."""
@@ -299,6 +305,7 @@ class _Rewriter:
         else:
             q = self.g.create_op("QuantizeLinear", [v], result_types=[v.type.with_quant(qp)],
                                  name="quantize_" + v.name, result_names=[v.name + "_q"], before=anchor).result
+            self.stands_for[q] = v.name
         self.qv[v] = q
         return q
 
@@ -308,6 +315,7 @@ class _Rewriter:
         new = g.create_op(kind, operands, attrs, result_types=[out.type.with_quant(qp)], name=name + "_q",
                           result_names=[out_name + "_q"], before=op)
         q = new.result
+        self.stands_for[q] = out_name
         if out.uses or is_output(out):
             dq = g.create_op("DequantizeLinear", [q], name="dequantize_" + out_name,
                              result_names=[out_name + "_dq"], after=new)
@@ -421,6 +429,7 @@ class _Rewriter:
                 q = self.g.create_op("Requantize", [q], {"multiplier": [m], "shift": [s]},
                                      result_types=[q.type.with_quant(qo)], name="requantize_" + v.name,
                                      result_names=[v.name + "_rq"], before=op).result
+                self.stands_for[q] = v.name
             operands.append(q)
         rng = list(self.ranges.get(op.result.name, ()))
         new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
@@ -459,6 +468,7 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         ctx.log("quantize: the graph is already quantized; nothing to do")
         return False
     _prepare(graph, opts)
+    ctx.data["quantize.float_graph"] = graph.clone()
     plan = _plan(graph, opts)
     if not plan.role:
         graph.meta["quant"] = {"layers": {}, "note": "nothing to quantize"}
@@ -473,6 +483,8 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
                    "weights": "int8 symmetric " + ("per channel" if opts.per_channel else "per tensor"),
                    "bias": "int32", "method": opts.method, **info},
         "layers": rw.layers,
+        "float_values": {q.name: f for q, f in rw.stands_for.items() if q.producer is not None
+                         and q.producer.graph is graph},
     }
     n_int = sum(1 for v in rw.layers.values() if v["precision"] == "int8")
     ctx.log(f"quantize: {n_int} ops integer, {len(rw.layers) - n_int} float; calibration: {info['calibration']}")

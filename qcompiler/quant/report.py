@@ -1,0 +1,426 @@
+"""The int8 build report: ``OUT/report.json`` and the table ``qcompile --dtype int8`` prints.
+
+Per quantized layer, in graph order (every op whose result is a quantized value: QuantizeLinear,
+QLinearConv/Gemm/Add/pooling, Requantize, and the ops that carry their input's params such as
+MaxPool or Reshape; plus the ops the quantizer kept float): name, op kind, precision, output scale
+and zero point, the weight scales (per channel: count, min, max), how the range was set, and
+
+    SQNR = 10 log10( Σ r² / Σ (dequantize(q) - r)² )  dB
+
+of the layer's output q against the same tensor r of the fp32 model, on data held back from
+calibration (the noise of ONE uniform 8-bit quantization of a full-range signal is about 40-50
+dB; what the table shows is the error accumulated up to that layer). The sums are accumulated in
+float64 batch by batch, so no sample is kept after its batch. For the model outputs the same SQNR,
+the top-1 agreement (argmax over the last axis, per row) and, when the data has labels, the
+top-1 accuracy of both models.
+
+Engines: the int8 model runs in :mod:`qcompiler.quant.reference` (the integer oracle the
+compiled kernels match bit for bit, tested in tests/codegen/test_x86_int8.py); the fp32 model is
+the graph the quantize pass started from, as it saw it after splitting fused residual blocks
+(``ctx.data["quantize.float_graph"]``: numerically the same graph, in which every split-off value
+has its fp32 tensor), run by the same interpreter's float kernels (float64 accumulation).
+Quantized values are matched to float values with ``graph.meta["quant"]["float_values"]``.
+
+Sizes: parameter bytes (constants) of both graphs and the int8 ``model.so``; the fp32 model.so is
+estimated as ``int8 model.so - int8 parameter bytes + fp32 parameter bytes`` (marked estimated:
+compiling twice would double the build time; tests/quant/test_report.py measures it for real).
+
+    rep = build_report(fp32, int8, eval_data, calibration={...}, target="x86")
+    rep = with_library_size(rep, (OUT / "model.so").stat().st_size)
+    (OUT / REPORT).write_bytes(to_json(rep)); print(format_table(rep))
+
+The JSON is deterministic (sorted keys, rounded floats, no timestamps or paths of temp folders).
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.graph import Graph, Op
+from . import reference
+from .qparams import dequantize
+
+REPORT = "report.json"
+FORMAT_VERSION = 1
+MEMORY_BUDGET = 256 << 20          # bytes of intermediate tensors per evaluation chunk
+MAX_CHUNK = 64                     # samples per evaluation chunk at most
+ROUND = 4                          # decimals kept for dB and ratios in the JSON
+
+# range_source of a layer: how its output params were set
+CALIBRATED, INHERITED, CONCAT = "calibrated", "input's params", "the Concat output's params"
+
+
+# ---- evaluation data -------------------------------------------------------------------------------
+@dataclass
+class EvalData:
+    """Held-back evaluation data: ``take`` samples of ``dataset`` after its first ``skip``."""
+    dataset: Any                   # a qcompiler.quant.data.Dataset (re-iterable, streams)
+    skip: int
+    take: int
+    source: str                    # what the report says about the data
+    held_back: bool = True         # False: no sample was left over, evaluated on calibration samples
+    random: bool = False
+
+    def describe(self) -> dict:
+        return {"source": self.source, "samples": self.take, "first_sample": self.skip,
+                "held_back": self.held_back, "random": self.random}
+
+
+def eval_data(inputs, *, samples: int, calib: str | None, calib_samples: int, eval_path: str | None = None,
+              preprocess=None, batch: int = 1, random_calib_samples: int = 64) -> EvalData | None:
+    """The evaluation data of ``qcompile --dtype int8``: ``eval_path`` (all of it, at most
+    ``samples``) or else the ``samples`` samples of the calibration source after those calibration
+    used (``calib`` a path, or ``"random"``/None: the same seeded random stream, continued).
+    ``samples == 0``: None (no evaluation)."""
+    from .data import open_dataset, random_dataset
+    if samples < 0:
+        raise UserError(f"--eval-samples must be 0 or more, got {samples}", "--eval-samples",
+                        "give a number of samples, or 0 to skip the evaluation")
+    if samples == 0:
+        return None
+    if eval_path is not None:
+        ds = open_dataset(eval_path, inputs, samples=samples, preprocess=preprocess, batch=batch)
+        return EvalData(ds, 0, ds.num_samples, eval_path)
+    if calib in (None, "random"):
+        with warnings.catch_warnings():            # the calibration already warned about random data
+            warnings.simplefilter("ignore")
+            ds = random_dataset(inputs, random_calib_samples + samples)     # as the quantize pass draws it
+        return EvalData(ds, random_calib_samples, samples,
+                        f"random normal inputs (seed 0), samples {random_calib_samples}.."
+                        f"{random_calib_samples + samples - 1} of the calibration stream", random=True)
+    with warnings.catch_warnings():                # fewer samples than asked: handled below
+        warnings.simplefilter("ignore")
+        ds = open_dataset(calib, inputs, samples=calib_samples + samples, preprocess=preprocess, batch=batch)
+    used = min(ds.num_samples, calib_samples)
+    left = ds.num_samples - used
+    if left == 0:
+        warnings.warn(f"report: {calib} holds {ds.num_samples} samples, all used for calibration; "
+                      "the report evaluates on calibration samples (give --eval DATA or fewer "
+                      "--calib-samples for held-back data)", stacklevel=2)
+        return EvalData(ds, 0, min(samples, ds.num_samples), calib, held_back=False)
+    if left < samples:
+        warnings.warn(f"report: only {left} samples of {calib} are left after the {used} used for "
+                      f"calibration; evaluating on those {left}", stacklevel=2)
+    return EvalData(ds, used, left, calib)
+
+
+def chunks(data: EvalData, size: int, batch: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray | None]]:
+    """(feed, labels) of ``size`` samples (the last one a multiple of ``batch``) from samples
+    ``skip .. skip + take - 1`` of the stream; skipped samples are read and dropped."""
+    lo_all, hi_all = data.skip, data.skip + data.take
+    parts: list[tuple[dict, np.ndarray | None]] = []
+    have, pos = 0, 0
+
+    def cut(n: int):
+        nonlocal parts, have
+        feeds = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+        labels = np.concatenate([p[1] for p in parts]) if all(p[1] is not None for p in parts) else None
+        out = ({k: a[:n] for k, a in feeds.items()}, labels[:n] if labels is not None else None)
+        rest = ({k: a[n:] for k, a in feeds.items()}, labels[n:] if labels is not None else None)
+        have -= n
+        parts = [rest] if have else []
+        return out
+
+    for feed, labels in data.dataset.with_labels():
+        n = len(next(iter(feed.values())))
+        lo, hi = max(lo_all - pos, 0), min(hi_all - pos, n)
+        pos += n
+        if hi > lo:
+            parts.append(({k: np.asarray(a[lo:hi]) for k, a in feed.items()},
+                          None if labels is None else np.asarray(labels[lo:hi])))
+            have += hi - lo
+            while have >= size:
+                yield cut(size)
+        if pos >= hi_all:
+            break
+    whole = have // batch * batch
+    if whole < have:
+        warnings.warn(f"report: {have - whole} evaluation sample(s) do not fill the model's batch of {batch}; "
+                      "skipped", stacklevel=2)
+    if whole:
+        yield cut(whole)
+
+
+# ---- layers ------------------------------------------------------------------------------------------
+def _is_layer(op: Op, float_layers: set[str]) -> bool:
+    if op.kind == "DequantizeLinear" or not op.results:
+        return False
+    return op.result.type.quant is not None or op.name in float_layers
+
+
+def quantized_ops(graph: Graph) -> list[Op]:
+    """The ops whose result is a quantized value, in graph order (what the report calls the
+    quantized layers)."""
+    return [op for op in graph.ops if op.results and op.result.type.quant is not None]
+
+
+def _method(scheme: dict, percentile: float | None) -> str:
+    m = scheme.get("method", "?")
+    return f"percentile {percentile:g}" if m == "percentile" and percentile is not None else m
+
+
+def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
+    """The static part of each layer's row: what the quantize pass chose."""
+    meta = int8.meta.get("quant", {})
+    info = meta.get("layers", {})
+    float_layers = {k for k, v in info.items() if v.get("precision") == "float"}
+    method = _method(meta.get("scheme", {}), percentile)
+    rows = []
+    for op in int8.ops:
+        if not _is_layer(op, float_layers):
+            continue
+        qp = op.result.type.quant
+        row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name}
+        if qp is None:
+            row.update(precision="float", reason=info.get(op.name, {}).get("reason", ""))
+            rows.append(row)
+            continue
+        lo, hi = _storage_range(qp.storage)
+        s, z = float(qp.scale[0]), int(qp.zero_point[0])
+        row.update(precision=qp.storage, scale=s, zero_point=z, range=[s * (lo - z), s * (hi - z)])
+        if op.kind in ("QLinearConv", "QLinearGemm"):
+            w = op.operands[1].type.quant
+            row["weight"] = {"dtype": w.storage, "per_channel": w.axis is not None, "count": len(w.scale),
+                             "scale_min": float(min(w.scale)), "scale_max": float(max(w.scale))}
+        calibrated = info.get(op.name, {}).get("range")
+        if op.kind == "Requantize":
+            row["range_source"] = CONCAT
+        elif op.kind == "QuantizeLinear" or calibrated is not None and "method" in info.get(op.name, {}):
+            row["range_source"] = f"{CALIBRATED} ({method})"
+            if calibrated:
+                row["calibrated_range"] = [float(calibrated[0]), float(calibrated[1])]
+        else:
+            row["range_source"] = INHERITED
+        rows.append(row)
+    return rows
+
+
+def _storage_range(storage: str) -> tuple[int, int]:
+    from ..ir.types import INT_RANGES
+    return INT_RANGES[storage]
+
+
+# ---- accuracy --------------------------------------------------------------------------------------
+class _Energy:
+    """Σ r² and Σ (x - r)² per key, in float64."""
+
+    def __init__(self):
+        self.signal: dict[str, float] = {}
+        self.noise: dict[str, float] = {}
+
+    def add(self, key: str, ref: np.ndarray, got: np.ndarray) -> None:
+        r = np.asarray(ref, np.float64)
+        d = np.asarray(got, np.float64) - r
+        self.signal[key] = self.signal.get(key, 0.0) + float(np.vdot(r, r))
+        self.noise[key] = self.noise.get(key, 0.0) + float(np.vdot(d, d))
+
+    def sqnr(self, key: str) -> float | None:
+        """dB; None when there is no noise at all (exact) or no data."""
+        n, s = self.noise.get(key), self.signal.get(key)
+        if n is None or n == 0.0:
+            return None
+        return -math.inf if s == 0.0 else 10.0 * math.log10(s / n)
+
+
+def _chunk_size(fp32: Graph, int8: Graph, batch: int) -> int:
+    """Samples per chunk: a multiple of the batch whose intermediates fit MEMORY_BUDGET."""
+    per_batch = sum(int(np.prod(v.shape or (1,))) * np.dtype(v.dtype if v.dtype != "bfloat16" else "float16").itemsize
+                    for g in (fp32, int8) for op in g.ops for v in op.results)
+    k = max(1, min(MAX_CHUNK // max(batch, 1), MEMORY_BUDGET // max(per_batch, 1)))
+    return k * max(batch, 1)
+
+
+def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict]) -> dict:
+    """Stream ``data`` through both models; fill each row's ``sqnr_db`` and return the output
+    metrics ``{"outputs": [...], "samples": n, "accuracy": {...} (with labels)}``."""
+    batch = int8.inputs[0].shape[0] if int8.inputs and int8.inputs[0].shape else 1
+    names = int8.meta.get("quant", {}).get("float_values", {})
+    fnames = {v.name for g_op in fp32.ops for v in g_op.results} | {v.name for v in fp32.inputs}
+    pairs = []                                          # (row, int8 value, fp32 value, quant params)
+    for row in rows:
+        f = names.get(row["value"], row["value"])
+        if f in fnames:
+            pairs.append((row, row["value"], f, int8.value(row["value"]).type.quant))
+        else:
+            row["sqnr_db"], row["note"] = None, "no fp32 counterpart"
+    energy = _Energy()
+    agree = np.zeros(len(int8.outputs), np.int64)
+    rows_seen = np.zeros(len(int8.outputs), np.int64)
+    correct = {"fp32": 0, "int8": 0}
+    n, labelled = 0, True
+    for feed, labels in chunks(data, _chunk_size(fp32, int8, batch), batch):
+        fv = reference.run_values(fp32, feed)
+        qv = reference.run_values(int8, feed)
+        for row, q, f, qp in pairs:
+            energy.add(row["value"], fv[f], dequantize(qv[q], qp) if qp is not None else qv[q])
+        for i, (qo, fo) in enumerate(zip(int8.outputs, fp32.outputs)):
+            r, x = fv[fo.name], qv[qo.name]
+            energy.add("output:" + qo.name, r, x)
+            if r.ndim >= 2 and r.shape[-1] > 1:
+                a, b = r.argmax(-1), x.argmax(-1)
+                agree[i] += int((a == b).sum())
+                rows_seen[i] += a.size
+                if i == 0 and labels is not None and labels.shape == a.shape:
+                    correct["fp32"] += int((a == labels).sum())
+                    correct["int8"] += int((b == labels).sum())
+                    continue
+            labelled = labelled and i != 0
+        n += len(next(iter(feed.values())))
+    for row, *_ in pairs:
+        row["sqnr_db"] = _round(energy.sqnr(row["value"]))
+        if row["sqnr_db"] is None and row["value"] in energy.noise:
+            row["note"] = "exact (no error)"
+    result: dict[str, Any] = {"samples": n, "outputs": []}
+    for i, v in enumerate(int8.outputs):
+        o = {"name": v.name, "sqnr_db": _round(energy.sqnr("output:" + v.name))}
+        if rows_seen[i]:
+            o.update(top1_agreement=_round(agree[i] / rows_seen[i]), top1_rows=int(rows_seen[i]),
+                     top1_agree_rows=int(agree[i]))
+        result["outputs"].append(o)
+    if labelled and n and rows_seen[0] == n:          # one label per sample of a (N, classes) output
+        result["accuracy"] = {k: _round(c / n) for k, c in correct.items()}
+    return result
+
+
+# ---- sizes -------------------------------------------------------------------------------------------
+def param_bytes(graph: Graph) -> int:
+    return graph.param_count()[1]
+
+
+def with_library_size(report: dict, library_bytes: int) -> dict:
+    """The report with the artifact sizes: the int8 model.so measured, the fp32 one estimated."""
+    size = dict(report["size"], library_int8_bytes=int(library_bytes))
+    p32, p8 = size["params_fp32_bytes"], size["params_int8_bytes"]
+    if p32 is None:
+        return {**report, "size": size}
+    size.update(library_fp32_bytes=int(library_bytes - p8 + p32),
+                library_fp32_estimated=True,
+                library_ratio=_round(library_bytes / max(library_bytes - p8 + p32, 1)))
+    return {**report, "size": size}
+
+
+# ---- the report ------------------------------------------------------------------------------------
+def build_report(fp32: Graph | None, int8: Graph, data: EvalData | None, *, calibration: dict | None = None,
+                 percentile: float | None = None, target: str | None = None, model: str | None = None) -> dict:
+    """The report as a JSON-able dict (without the artifact size: :func:`with_library_size`).
+
+    ``fp32``: the float graph the quantize pass started from (None: no accuracy part, e.g. for a
+    model that came quantized); ``data``: held-back samples (None: no accuracy part);
+    ``calibration``: what the CLI says about the calibration (source, samples, method)."""
+    rows = layer_rows(int8, percentile)
+    meta = int8.meta.get("quant", {})
+    rep: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "model": model, "target": target,
+        "scheme": {k: v for k, v in meta.get("scheme", {}).items() if k != "calibration"},
+        "calibration": dict(calibration or {}),
+        "range_method": _method(meta.get("scheme", {}), percentile),
+        "quantized_layers": sum(r["precision"] != "float" for r in rows),
+        "float_layers": sum(r["precision"] == "float" for r in rows),
+        "layers": rows,
+    }
+    if fp32 is not None and data is not None and data.take > 0:
+        rep["evaluation"] = {**data.describe(), **evaluate(fp32, int8, data, rows)}
+    else:
+        rep["evaluation"] = {"samples": 0, "note": "no fp32 reference" if fp32 is None else "not evaluated"}
+        for r in rows:
+            r["sqnr_db"] = None
+    p8 = param_bytes(int8)
+    p32 = param_bytes(fp32) if fp32 is not None else None
+    rep["size"] = {"params_fp32_bytes": p32, "params_int8_bytes": p8,
+                   "params_ratio": _round(p8 / p32) if p32 else None}
+    for r in rows:                                     # rounded for a stable JSON text
+        for k in ("scale",):
+            if k in r:
+                r[k] = float(np.float32(r[k]))
+        if "range" in r:
+            r["range"] = [_round(x, 6) for x in r["range"]]
+        if "calibrated_range" in r:
+            r["calibrated_range"] = [_round(x, 6) for x in r["calibrated_range"]]
+    return rep
+
+
+def _round(x, nd: int = ROUND):
+    if x is None:
+        return None
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    return round(x, nd)
+
+
+def to_json(report: dict) -> bytes:
+    """Canonical JSON text: sorted keys, 2-space indent, no NaN/Infinity, trailing newline."""
+    return (json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+def _kb(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1024:.1f} KB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MB"
+
+
+def _short(name: str, width: int) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def format_table(report: dict) -> str:
+    """The report as text: one row per layer, then the outputs and the sizes."""
+    ev = report.get("evaluation", {})
+    cal = report.get("calibration", {})
+    lines = [f"int8 build report{': ' + report['model'] if report.get('model') else ''}"
+             f"{' (' + report['target'] + ')' if report.get('target') else ''}"]
+    if cal:
+        lines.append(f"calibration: {cal.get('source', '?')}, {cal.get('samples', '?')} samples, "
+                     f"range method {report.get('range_method')}")
+    if ev.get("samples"):
+        held = "held back from calibration" if ev.get("held_back") else "NOT held back (calibration samples)"
+        lines.append(f"evaluation:  {ev['samples']} samples of {ev['source']} (from sample {ev['first_sample']}, "
+                     f"{held}){'; random data: the numbers say little about real inputs' if ev.get('random') else ''}")
+    else:
+        lines.append(f"evaluation:  none ({ev.get('note', '')})")
+    w = max([20] + [min(len(r["name"]), 44) for r in report["layers"]])
+    head = f"{'layer':<{w}}  {'kind':<24} {'prec':<6} {'out scale':>10} {'zp':>4}  {'weight scales (n: min..max)':<29} {'range':<20} {'SQNR dB':>8}"
+    lines += [head, "-" * len(head)]
+    for r in report["layers"]:
+        sq = "—" if r.get("sqnr_db") is None else f"{r['sqnr_db']:.1f}"
+        if r.get("sqnr_db") is None and r.get("note") == "exact (no error)":
+            sq = "exact"
+        if r["precision"] == "float":
+            lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {'float':<6} {'':>10} {'':>4}  "
+                         f"{'':<29} {_short(r.get('reason', ''), 20):<20} {sq:>8}")
+            continue
+        wt = ""
+        if "weight" in r:
+            x = r["weight"]
+            wt = (f"{'ch ' if x['per_channel'] else 'tensor '}{x['count']}: {x['scale_min']:.2e}..{x['scale_max']:.2e}"
+                  if x["per_channel"] else f"tensor: {x['scale_min']:.2e}")
+        src = r.get("range_source", "")
+        src = "calibrated" if src.startswith(CALIBRATED) else {INHERITED: "input's", CONCAT: "concat's"}.get(src, src)
+        lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {r['precision']:<6} {r['scale']:>10.4g} "
+                     f"{r['zero_point']:>4}  {wt:<29} {src:<20} {sq:>8}")
+    lines.append(f"{report['quantized_layers']} quantized layers, {report['float_layers']} float")
+    for o in ev.get("outputs", []):
+        s = f"output {o['name']}: SQNR {'—' if o['sqnr_db'] is None else format(o['sqnr_db'], '.2f')} dB"
+        if "top1_agreement" in o:
+            s += f", top-1 agreement with fp32 {100 * o['top1_agreement']:.2f} % ({o['top1_agree_rows']}/{o['top1_rows']})"
+        lines.append(s)
+    if "accuracy" in ev:
+        lines.append(f"top-1 accuracy on the labels: fp32 {100 * ev['accuracy']['fp32']:.2f} %, "
+                     f"int8 {100 * ev['accuracy']['int8']:.2f} %")
+    sz = report["size"]
+    s = f"parameters: fp32 {_kb(sz['params_fp32_bytes'])} -> int8 {_kb(sz['params_int8_bytes'])}"
+    if sz.get("params_ratio") is not None:
+        s += f" ({sz['params_ratio']:.2f}x)"
+    lines.append(s)
+    if "library_fp32_bytes" in sz:
+        lines.append(f"model.so:   fp32 {_kb(sz['library_fp32_bytes'])} (estimated) -> int8 "
+                     f"{_kb(sz['library_int8_bytes'])} ({sz['library_ratio']:.2f}x)")
+    return "\n".join(lines) + "\n"
