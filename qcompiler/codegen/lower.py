@@ -269,7 +269,6 @@ class _Lowering:
                 out = materialize(val, block, sdt, "out")
                 phys = tuple(int(d) for d in out.shape)
         ctx.params = _read_params(ctx.params, out)
-        ctx.params = _read_params(ctx.params, out)
         func = te.create_prim_func([p for p, _ in ctx.params] + [out])
         kind, params = ctx.sched
         gv = self._add_kernel(bb, func, ctx.sched, (g.anchor or root.producer).kind.lower())
@@ -394,21 +393,6 @@ class _Lowering:
         if tuple(s.phys) != tuple(v.shape):
             e = bb.emit(relax.op.reshape(e, v.shape))
         return e
-
-
-def _read_params(params: list[tuple[te.Tensor, relax.Expr]], out: te.Tensor) -> list:
-    """The kernel arguments that ``out`` reads. A builder gets every constant operand as an argument
-    but may read only a re-laid-out copy of it (packed dense/conv weights, made with ctx.param); an
-    argument left unread would still put the original into the artifact's constant pool, storing
-    those weights twice (an fp32 model.so twice the size of its weights)."""
-    seen, stack = set(), [out.op]
-    while stack:
-        op = stack.pop()
-        for t in getattr(op, "input_tensors", ()):
-            if t.op not in seen:
-                seen.add(t.op)
-                stack.append(t.op)
-    return [(p, e) for p, e in params if p.op in seen]
 
 
 def _read_params(params: list[tuple[te.Tensor, relax.Expr]], out: te.Tensor) -> list:
