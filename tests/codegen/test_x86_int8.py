@@ -28,18 +28,18 @@ I8 = QuantParams("int8", (0.03,), (-5,))
 ACT = {"uint8": U8, "int8": I8}
 
 
-def run_tvm(g: Graph, feeds: dict) -> list[np.ndarray]:
-    ex = build_module(g, SPEC)
+def run_tvm(g: Graph, feeds: dict, spec: TargetSpec = SPEC) -> list[np.ndarray]:
+    ex = build_module(g, spec)
     vm = tvm.runtime.vm.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(feeds[v.name])) for v in g.inputs])
     outs = list(out) if len(g.outputs) > 1 else [out]
     return [o.numpy() for o in outs]
 
 
-def check_exact(g: Graph, feeds: dict, what: str = ""):
+def check_exact(g: Graph, feeds: dict, what: str = "", spec: TargetSpec = SPEC):
     g.verify()
     want = reference.run(g, feeds)
-    got = run_tvm(g, feeds)
+    got = run_tvm(g, feeds, spec)
     for w, o in zip(want, got):
         assert o.dtype == w.dtype and o.shape == w.shape, (what, o.dtype, w.dtype, o.shape, w.shape)
         diff = np.abs(o.astype(np.float64) - w.astype(np.float64))
@@ -138,18 +138,22 @@ def test_quantized_block_chain_bit_exact():
 
 @pytest.mark.parametrize("storage, m, k, n", [("uint8", 3, 20, 10), ("int8", 4, 64, 32), ("uint8", 1, 7, 3)])
 def test_qlineargemm_bit_exact(storage, m, k, n):
+    _gemm_exact(storage, m, k, n, SPEC)
+
+
+def _gemm_exact(storage, m, k, n, spec):
     g = Graph("q")
     qa = ACT[storage]
     a = g.add_input("a", TensorType((m, k), storage, qa))
     ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, n))
-    w = g.add_const(RNG.integers(-127, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    w = g.add_const(RNG.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
     b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
                     QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
     qo = QuantParams(storage, (0.04,), (10,))
     ms, ss = conv_multipliers(qa.scale[0], ws, 0.04)
     g.outputs = [g.create_op("QLinearGemm", [a, w, b], {"multiplier": ms, "shift": ss, "activation": "Relu"},
                              result_types=[TensorType((m, n), storage, qo)]).result]
-    check_exact(g, {"a": qin(qa, (m, k))}, "QLinearGemm")
+    check_exact(g, {"a": qin(qa, (m, k))}, f"QLinearGemm {storage} {m}x{k}x{n}", spec)
 
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
@@ -222,6 +226,92 @@ def test_plain_ops_on_quantized_values_bit_exact():
     rs = keep(g, "Reshape", [tr], {"shape": [2, 8 * 9 * 7]})
     g.outputs = [rs, keep(g, "Relu", [x])]
     check_exact(g, {"x": qin(qx, (2, 4, 5, 6)), "y": qin(qx, (2, 3, 5, 6))}, "plain ops")
+
+
+
+# ---- the dot-product paths (qcompiler/codegen/kernels/qdot.py), each ISA forced by LLVM features ----
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# name: (LLVM mattr over the host CPU, /proc/cpuinfo flags needed to run it, expected int8_isa, instruction)
+ISAS = {
+    "vnni512": ((), {"avx512_vnni", "avx512bw", "avx512vl"}, "vnnix16", "vpdpbusd"),
+    "vnni256": (("-avx512f", "+avxvnni"), {"avx_vnni"}, "vnnix8", "vpdpbusd"),
+    "pmaddwd512": (("-avx512vnni", "-avxvnni"), {"avx512bw", "avx512vl"}, "pmaddwdx16", "vpmaddwd"),
+    "avx2": (("-avx512f", "-avxvnni"), {"avx2"}, "pmaddwdx8", "vpmaddwd"),         # AMD Zen 3
+    "plain": (("-avx512f", "-avxvnni", "-avx2"), set(), "None", None),              # no dot product
+}
+
+
+def isa_spec(name: str) -> TargetSpec:
+    feats, need, want, _ = ISAS[name]
+    if not need <= _cpu_flags():
+        pytest.skip(f"this CPU lacks {sorted(need - _cpu_flags())}")
+    spec = TargetSpec("x86", features=feats)
+    from qcompiler.codegen.intrin_x86 import int8_isa
+    if str(int8_isa(spec)) != want:
+        pytest.skip(f"{spec.host_tvm} gives {int8_isa(spec)}, not {want}")
+    return spec
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """A schedule rule that fails raises instead of falling back to plain loops: a test that
+    passes ran the tensorized kernel."""
+    from qcompiler.codegen.schedules import x86
+    monkeypatch.setattr(x86, "STRICT", True)
+
+
+DOT_CONVS = [  # (storage, C, O, group, kernel, strides, dilations, pads, activation)
+    ("uint8", 16, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Clip"),      # aligned, input read blocked
+    ("int8", 16, 64, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), ""),          # pointwise, 2 registers of outputs
+    ("uint8", 3, 10, 1, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "Relu"),      # C, O not multiples of 4: padded
+    ("int8", 20, 24, 1, (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), ""),          # dilated; O = 16 + 8
+    ("uint8", 6, 6, 2, (3, 2), (2, 1), (1, 2), (0, 1, 2, 0), "Relu"),       # groups of 3 -> 3, padded per group
+    ("int8", 32, 64, 4, (3, 3), (2, 2), (1, 1), (1, 0, 1, 2), "Clip"),      # groups of 8 -> 16, stride 2
+    ("uint8", 4, 8, 4, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), ""),           # channel multiplier 2
+    ("uint8", 36, 48, 1, (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), ""),         # stride 2 pointwise, C = 36
+]
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("storage, c, o, group, k, s, d, p, act", DOT_CONVS)
+def test_qlinearconv_dot_paths_bit_exact(strict, isa, storage, c, o, group, k, s, d, p, act):
+    spec = isa_spec(isa)
+    g = Graph("q")
+    x = g.add_input("x", TensorType((2, c, 9, 11), storage, ACT[storage]))
+    g.outputs = [add_qconv(g, x, o, k, group=group, s=s, d=d, p=p, act=act,
+                           params=(0.0, 6.0) if act == "Clip" else (), bias=(o != 10), per_channel=(o != 10))]
+    check_exact(g, {"x": qin(ACT[storage], (2, c, 9, 11))}, f"{isa} QLinearConv {storage} {c}->{o} g{group}", spec)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("storage, m, k, n", [("uint8", 3, 21, 10), ("int8", 4, 64, 33), ("uint8", 1, 7, 3),
+                                               ("int8", 5, 130, 17), ("uint8", 16, 96, 48)])
+def test_qlineargemm_dot_paths_bit_exact(strict, isa, storage, m, k, n):
+    _gemm_exact(storage, m, k, n, isa_spec(isa))
+
+
+def test_dot_instructions_emitted():
+    """The kernels of a conv + gemm graph use the ISA's dot-product instruction (asm of the build)."""
+    for name, (_, _, _, instr) in ISAS.items():
+        if instr is None or not ISAS[name][1] <= _cpu_flags():
+            continue
+        g = Graph("q")
+        x = g.add_input("x", TensorType((1, 16, 6, 6), "uint8", U8))
+        y = add_qconv(g, x, 32, (3, 3), p=(1, 1, 1, 1))
+        g.outputs = [y]
+        lib = build_module(g, TargetSpec("x86", features=ISAS[name][0])).mod
+        asm = "".join(m.inspect_source("asm") for m in lib.imports if m.kind == "llvm") \
+            if lib.imports else lib.inspect_source("asm")
+        assert asm.count(instr) >= 1, f"{name}: no {instr} in the generated code"
 
 
 # ---- end to end -----------------------------------------------------------------------------------
