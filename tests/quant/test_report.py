@@ -1,0 +1,284 @@
+"""The int8 build report (qcompiler.quant.report, OUT/report.json) and the artifact size claim.
+
+    fashion_mobilenet, --calib models/fashion_test.npz (256 samples) -> the report's numbers checked
+        against an independent computation: onnxruntime on the original ONNX model for fp32, the
+        compiled artifact itself (model.so) for int8, on samples 256..319 of the same file;
+    the table on stdout (not with -q), report.json valid and byte-identical over two builds;
+    held-back data: skip/take across feed boundaries, random data continued, --eval PATH;
+    rapidocr-det (1.17 M parameters): fp32 and int8 really compiled, model.so sizes compared.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qcompiler.cli import main
+from qcompiler.frontend import import_onnx
+from qcompiler.passes import PassContext, PassManager
+from qcompiler.passes.quantize import QuantizeOptions
+from qcompiler.quant import report as R
+from qcompiler.quant.data import open_dataset, random_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import realmodels  # noqa: E402
+
+MODEL = realmodels.MODELS_DIR / "fashion_mobilenet.onnx"
+DATA = realmodels.MODELS_DIR / "fashion_test.npz"
+CALIB, EVAL = 256, 64
+ARGS = [str(MODEL), "--dtype", "int8", "--calib", str(DATA), "--calib-samples", str(CALIB)]
+
+needs_fashion = pytest.mark.skipif(not (MODEL.exists() and DATA.exists()),
+                                   reason="models/fashion_mobilenet.onnx or fashion_test.npz missing")
+
+
+def _quantized(calib_samples=CALIB, **opts):
+    """fashion_mobilenet through default,quantize as the CLI runs it: (int8 graph, pass context)."""
+    g = import_onnx(str(MODEL))
+    ctx = PassContext()
+    ctx.options["quantize"] = QuantizeOptions(calib=open_dataset(DATA, g.inputs, samples=calib_samples), **opts)
+    PassManager("default,quantize", ctx=ctx).run(g)
+    return g, ctx
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two CLI builds with the same arguments, the second with -q: (out, stdout, out_q, stdout_q)."""
+    if not (MODEL.exists() and DATA.exists()):
+        pytest.skip("fashion model or data missing")
+    import contextlib
+    import io
+    res = []
+    for quiet in (False, True):
+        out = tmp_path_factory.mktemp("report") / "OUT"
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(ARGS + ["-o", str(out)] + (["-q"] if quiet else []))
+        assert rc == 0
+        res += [out, buf.getvalue()]
+    return tuple(res)
+
+
+# ---- the CLI build ----------------------------------------------------------------------------------
+@needs_fashion
+def test_report_json_is_valid_listed_and_deterministic(built):
+    out, _, out_q, _ = built
+    raw = (out / R.REPORT).read_bytes()
+    rep = json.loads(raw)
+    assert rep["format_version"] == R.FORMAT_VERSION
+    assert raw == (out_q / R.REPORT).read_bytes()              # same inputs: identical bytes
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["files"][R.REPORT]["bytes"] == len(raw)
+    import hashlib
+    assert m["files"][R.REPORT]["sha256"] == hashlib.sha256(raw).hexdigest()
+    assert "time" not in raw.decode().lower() and str(out) not in raw.decode()
+
+
+@needs_fashion
+def test_table_on_stdout_but_not_with_quiet(built):
+    out, stdout, _, stdout_q = built
+    rep = json.loads((out / R.REPORT).read_text())
+    assert stdout == R.format_table(rep)
+    assert stdout.startswith("int8 build report: fashion_mobilenet.onnx (x86)")
+    assert f"{EVAL} samples of {DATA} (from sample {CALIB}, held back from calibration)" in stdout
+    assert "QLinearConv" in stdout and "SQNR dB" in stdout and "model.so:" in stdout
+    assert len(stdout.splitlines()) >= rep["quantized_layers"] + 6
+    assert stdout_q == ""
+
+
+@needs_fashion
+def test_layers_match_the_quantized_graph(built):
+    rep = json.loads((built[0] / R.REPORT).read_text())
+    g, _ = _quantized()
+    qops = [op for op in g.ops if op.results and op.result.type.quant is not None]
+    assert rep["quantized_layers"] == len(qops) == len(rep["layers"]) == 31
+    assert [r["name"] for r in rep["layers"]] == [op.name for op in qops]     # graph order
+    assert rep["float_layers"] == 0
+    assert rep["range_method"] == "minmax" and rep["calibration"]["samples"] == CALIB
+    for r, op in zip(rep["layers"], qops):
+        qp = op.result.type.quant
+        assert r["kind"] == op.kind and r["precision"] == qp.storage == "uint8"
+        assert r["scale"] == pytest.approx(qp.scale[0], rel=1e-7) and r["zero_point"] == qp.zero_point[0]
+        assert r["sqnr_db"] is not None and r["sqnr_db"] > 0, r
+        if op.kind in ("QLinearConv", "QLinearGemm"):
+            w = op.operands[1].type.quant
+            assert r["weight"] == {"dtype": "int8", "per_channel": True, "count": len(w.scale),
+                                   "scale_min": min(w.scale), "scale_max": max(w.scale)}
+    # an 8-bit quantization of the input alone: ~6 dB per bit, well above anything accumulated later
+    sq = [r["sqnr_db"] for r in rep["layers"]]
+    assert sq[0] > 50 and min(sq) > 20
+
+
+@needs_fashion
+def test_outputs_agree_with_an_independent_computation(built):
+    """fp32 logits from onnxruntime on the original model, int8 logits from the compiled artifact."""
+    out = built[0]
+    rep = json.loads((out / R.REPORT).read_text())
+    with np.load(DATA) as z:
+        x, y = z["x"][CALIB:CALIB + EVAL].astype(np.float32), z["y"][CALIB:CALIB + EVAL]
+    sess = realmodels.ort_session(str(MODEL))
+    ref = np.concatenate([sess.run(None, {"input": x[i:i + 1]})[0] for i in range(EVAL)])
+    from qcompiler.runtime import load, run_batches
+    got = run_batches(load(out), x.reshape(EVAL, 1, 28, 28))["logits"]
+    ev = rep["evaluation"]
+    assert ev["samples"] == EVAL and ev["first_sample"] == CALIB and ev["held_back"] and not ev["random"]
+    o = ev["outputs"][0]
+    agree = int((ref.argmax(1) == got.argmax(1)).sum())
+    assert (o["top1_agree_rows"], o["top1_rows"]) == (agree, EVAL)
+    assert o["top1_agreement"] == round(agree / EVAL, R.ROUND)
+    sqnr = 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((got - ref.astype(np.float64)) ** 2))
+    assert o["sqnr_db"] == pytest.approx(sqnr, abs=0.01)      # ORT vs the float64-accumulating interpreter
+    assert ev["accuracy"] == {"fp32": round(float((ref.argmax(1) == y).mean()), R.ROUND),
+                              "int8": round(float((got.argmax(1) == y).mean()), R.ROUND)}
+
+
+@needs_fashion
+def test_sizes(built):
+    out = built[0]
+    rep = json.loads((out / R.REPORT).read_text())
+    g, ctx = _quantized()
+    fp32 = ctx.data["quantize.float_graph"]
+    s = rep["size"]
+    f32 = sum(v.data.nbytes for v in fp32.consts.values())
+    assert all(v.data.dtype == np.float32 for v in fp32.consts.values())
+    assert s["params_fp32_bytes"] == f32
+    assert s["params_int8_bytes"] == sum(v.data.nbytes for v in g.consts.values())
+    n_w = sum(v.data.size for v in g.consts.values() if v.data.dtype == np.int8)
+    assert s["params_int8_bytes"] >= n_w and s["params_ratio"] < 0.3      # int8 weights + int32 biases
+    lib = (out / "model.so").stat().st_size
+    assert s["library_int8_bytes"] == lib
+    assert s["library_fp32_bytes"] == lib - s["params_int8_bytes"] + f32 and s["library_fp32_estimated"]
+
+
+# ---- the module, without compiling ----------------------------------------------------------------------
+def _feeds(n, batch, labels=True):
+    class Src:
+        def with_labels(self):
+            for s in range(0, n, batch):
+                k = min(batch, n - s)
+                yield {"x": np.arange(s, s + k, dtype=np.float32)[:, None]}, (np.arange(s, s + k) if labels else None)
+    return Src()
+
+
+@pytest.mark.parametrize("feed_batch, size, batch", [(1, 4, 1), (3, 4, 1), (7, 6, 2), (10, 64, 1)])
+def test_chunks_skip_take_rechunk(feed_batch, size, batch):
+    data = R.EvalData(_feeds(40, feed_batch), skip=5, take=22, source="t")
+    got = list(R.chunks(data, size, batch))
+    xs = np.concatenate([f["x"][:, 0] for f, _ in got])
+    want = np.arange(5, 5 + 22 // batch * batch)
+    assert np.array_equal(xs, want)
+    assert all(len(f["x"]) == size for f, _ in got[:-1]) and len(got[-1][0]["x"]) % batch == 0
+    assert all(np.array_equal(f["x"][:, 0], lab) for f, lab in got)       # labels stay with their samples
+
+
+def test_eval_data_random_continues_the_calibration_stream():
+    specs = [("x", (1, 3, 4, 4), "float32")]
+    with pytest.warns(UserWarning):
+        stream = np.concatenate([f["x"] for f in random_dataset(specs, 12)])
+    d = R.eval_data(specs, samples=4, calib="random", calib_samples=8, random_calib_samples=8)
+    assert d.random and d.skip == 8 and d.take == 4 and "random" in d.source
+    got = np.concatenate([f["x"] for f, _ in R.chunks(d, 64, 1)])
+    assert np.array_equal(got, stream[8:12])                 # the samples after the 8 calibrated on
+
+
+@needs_fashion
+def test_eval_data_from_the_calibration_file_or_eval_path(tmp_path):
+    specs = [("input", (1, 1, 28, 28), "float32")]
+    with np.load(DATA) as z:
+        x = z["x"]
+    d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=990)
+    assert (d.skip, d.take, d.held_back) == (990, 10, True)
+    got = np.concatenate([f["input"] for f, _ in R.chunks(d, 4, 1)])
+    assert np.array_equal(got, x[990:1000].reshape(got.shape))
+    with pytest.warns(UserWarning, match="only 3 samples"):
+        d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=997)
+    assert (d.skip, d.take) == (997, 3)
+    with pytest.warns(UserWarning, match="all used for calibration"):
+        d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=5000)
+    assert (d.skip, d.take, d.held_back) == (0, 10, False)
+    np.save(tmp_path / "e.npy", x[:7])
+    d = R.eval_data(specs, samples=64, calib=str(DATA), calib_samples=256, eval_path=str(tmp_path / "e.npy"))
+    assert (d.skip, d.take, d.source) == (0, 7, str(tmp_path / "e.npy"))
+    assert R.eval_data(specs, samples=0, calib=str(DATA), calib_samples=256) is None
+
+
+@needs_fashion
+def test_float_layers_and_no_evaluation():
+    """A layer kept float is a row with precision float and its own SQNR; samples=0: no accuracy."""
+    g, ctx = _quantized(calib_samples=32, keep_float=frozenset({"GlobalAveragePool"}))
+    fp32 = ctx.data["quantize.float_graph"]
+    d = R.eval_data(g.inputs, samples=16, calib=str(DATA), calib_samples=32)
+    rep = R.build_report(fp32, g, d)
+    rows = {r["kind"]: r for r in rep["layers"]}
+    floats = [r["kind"] for r in rep["layers"] if r["precision"] == "float"]
+    assert floats == ["GlobalAveragePool", "Flatten"] and rep["float_layers"] == 2   # Flatten: float input
+    assert rows["GlobalAveragePool"]["reason"] == "kept float (keep_float)"
+    assert rows["GlobalAveragePool"]["sqnr_db"] > 20
+    assert rows["QuantizeLinear"]["range_source"] == "calibrated (minmax)"
+    assert rep["evaluation"]["samples"] == 16
+    assert "float" in R.format_table(rep)
+    rep0 = R.build_report(fp32, g, None)
+    assert rep0["evaluation"]["samples"] == 0 and all(r["sqnr_db"] is None for r in rep0["layers"])
+    assert "evaluation:  none" in R.format_table(R.with_library_size(rep0, 10 ** 6))
+
+
+@needs_fashion
+def test_fp32_reference_is_the_graph_before_quantize():
+    """The float graph the report evaluates (fused residual blocks split) computes what the graph
+    before the quantize pass computes, bit for bit, and names every value the int8 graph maps to."""
+    from qcompiler.quant import reference
+    g, ctx = _quantized(calib_samples=16)
+    fp32 = ctx.data["quantize.float_graph"]
+    before = import_onnx(str(MODEL))
+    PassManager("default").run(before)
+    with np.load(DATA) as z:
+        x = z["x"][:8].astype(np.float32).reshape(8, 1, 28, 28)
+    assert np.array_equal(reference.run(fp32, {"input": x})[0], reference.run(before, {"input": x})[0])
+    fnames = {v.name for op in fp32.ops for v in op.results} | {v.name for v in fp32.inputs}
+    mapping = g.meta["quant"]["float_values"]
+    assert set(mapping.values()) <= fnames
+    assert mapping["input_q"] == "input"
+    assert any(k.endswith("_acc") for k in mapping)              # split-off conv outputs have fp32 tensors
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["--eval-samples", "-1"], "--eval-samples"),
+    (["--eval", "/nonexistent/e.npz"], "/nonexistent/e.npz"),
+])
+@needs_fashion
+def test_bad_eval_flags_are_one_line_errors(tmp_path, capsys, argv, where):
+    rc = main(ARGS + argv + ["-o", str(tmp_path / "OUT")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("qcompile: error:") and where in err[0]
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_eval_needs_int8(tmp_path, capsys):
+    rc = main([str(MODEL), "--eval", str(DATA), "-o", str(tmp_path / "OUT")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--eval needs --dtype int8" in err
+
+
+# ---- the size claim -------------------------------------------------------------------------------------
+def test_int8_artifact_at_most_0_3_of_fp32_for_a_model_over_1m_parameters(tmp_path):
+    """rapidocr-det (1.17 M parameters): the int8 model.so against the fp32 one, both compiled."""
+    m = [m for m in realmodels.rapidocr_models() if m.name == "rapidocr-det"]
+    if not m:
+        pytest.skip("rapidocr_onnxruntime is not installed")
+    src = m[0].load()
+    shape = "x=" + "x".join(map(str, m[0].input_shapes["x"]))
+    assert main([src, "--input-shape", shape, "-q", "-o", str(tmp_path / "fp32")]) == 0
+    assert main([src, "--input-shape", shape, "--dtype", "int8", "--calib", "random", "--calib-samples", "4",
+                 "--eval-samples", "0", "-q", "-o", str(tmp_path / "int8")]) == 0
+    f32 = (tmp_path / "fp32" / "model.so").stat().st_size
+    i8 = (tmp_path / "int8" / "model.so").stat().st_size
+    s = json.loads((tmp_path / "int8" / R.REPORT).read_text())["size"]
+    assert s["params_fp32_bytes"] > 4 * 10 ** 6 and s["params_ratio"] < 0.27
+    print(f"rapidocr-det model.so: fp32 {f32} B, int8 {i8} B, ratio {i8 / f32:.3f}; "
+          f"report's fp32 estimate {s['library_fp32_bytes']} B")
+    assert abs(s["library_fp32_bytes"] - f32) < 0.1 * f32          # the report's estimate is close
+    assert i8 <= 0.3 * f32
