@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph, Op
+from ..ir.types import INT_RANGES, np_dtype
 from . import reference
 from .qparams import dequantize
 
@@ -181,7 +182,7 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
             row.update(precision="float", reason=info.get(op.name, {}).get("reason", ""))
             rows.append(row)
             continue
-        lo, hi = _storage_range(qp.storage)
+        lo, hi = INT_RANGES[qp.storage]
         s, z = float(qp.scale[0]), int(qp.zero_point[0])
         row.update(precision=qp.storage, scale=s, zero_point=z, range=[s * (lo - z), s * (hi - z)])
         if op.kind in ("QLinearConv", "QLinearGemm"):
@@ -191,7 +192,7 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         calibrated = info.get(op.name, {}).get("range")
         if op.kind == "Requantize":
             row["range_source"] = CONCAT
-        elif op.kind == "QuantizeLinear" or calibrated is not None and "method" in info.get(op.name, {}):
+        elif op.kind == "QuantizeLinear" or (calibrated is not None and "method" in info.get(op.name, {})):
             row["range_source"] = f"{CALIBRATED} ({method})"
             if calibrated:
                 row["calibrated_range"] = [float(calibrated[0]), float(calibrated[1])]
@@ -199,11 +200,6 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
             row["range_source"] = INHERITED
         rows.append(row)
     return rows
-
-
-def _storage_range(storage: str) -> tuple[int, int]:
-    from ..ir.types import INT_RANGES
-    return INT_RANGES[storage]
 
 
 # ---- accuracy --------------------------------------------------------------------------------------
@@ -230,7 +226,7 @@ class _Energy:
 
 def _chunk_size(fp32: Graph, int8: Graph, batch: int) -> int:
     """Samples per chunk: a multiple of the batch whose intermediates fit MEMORY_BUDGET."""
-    per_batch = sum(int(np.prod(v.shape or (1,))) * np.dtype(v.dtype if v.dtype != "bfloat16" else "float16").itemsize
+    per_batch = sum(int(np.prod(v.shape or (1,))) * np.dtype(np_dtype(v.dtype)).itemsize
                     for g in (fp32, int8) for op in g.ops for v in op.results)
     k = max(1, min(MAX_CHUNK // max(batch, 1), MEMORY_BUDGET // max(per_batch, 1)))
     return k * max(batch, 1)

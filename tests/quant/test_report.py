@@ -227,6 +227,20 @@ def test_float_layers_and_no_evaluation():
 
 
 @needs_fashion
+def test_streamed_sums_do_not_depend_on_the_chunking(monkeypatch):
+    """SQNR from energy sums accumulated chunk by chunk: one sample per chunk or 24 at once agree."""
+    g, ctx = _quantized(calib_samples=32)
+    fp32 = ctx.data["quantize.float_graph"]
+    reps = []
+    for chunk in (1, 24):
+        monkeypatch.setattr(R, "MAX_CHUNK", chunk)
+        reps.append(R.build_report(fp32, g, R.eval_data(g.inputs, samples=24, calib=str(DATA), calib_samples=32)))
+    a, b = reps
+    assert [r["sqnr_db"] for r in a["layers"]] == pytest.approx([r["sqnr_db"] for r in b["layers"]], abs=2e-4)
+    assert a["evaluation"]["outputs"] == b["evaluation"]["outputs"] and a["evaluation"]["samples"] == 24
+
+
+@needs_fashion
 def test_fp32_reference_is_the_graph_before_quantize():
     """The float graph the report evaluates (fused residual blocks split) computes what the graph
     before the quantize pass computes, bit for bit, and names every value the int8 graph maps to."""
@@ -257,6 +271,7 @@ def test_bad_eval_flags_are_one_line_errors(tmp_path, capsys, argv, where):
     assert not (tmp_path / "OUT").exists()
 
 
+@needs_fashion
 def test_eval_needs_int8(tmp_path, capsys):
     rc = main([str(MODEL), "--eval", str(DATA), "-o", str(tmp_path / "OUT")])
     err = capsys.readouterr().err.strip()
