@@ -258,19 +258,21 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict]) -> dict
         for i, (qo, fo) in enumerate(zip(int8.outputs, fp32.outputs)):
             r, x = fv[fo.name], qv[qo.name]
             energy.add("output:" + qo.name, r, x)
-            if r.ndim >= 2 and r.shape[-1] > 1:
+            top1 = r.ndim >= 2 and r.shape[-1] > 1
+            if top1:
                 a, b = r.argmax(-1), x.argmax(-1)
                 agree[i] += int((a == b).sum())
                 rows_seen[i] += a.size
-                if i == 0 and labels is not None and labels.shape == a.shape:
+            if i == 0:                                  # accuracy: one label per row of the first output
+                if top1 and labels is not None and labels.shape == a.shape:
                     correct["fp32"] += int((a == labels).sum())
                     correct["int8"] += int((b == labels).sum())
-                    continue
-            labelled = labelled and i != 0
+                else:
+                    labelled = False
         n += len(next(iter(feed.values())))
     for row, *_ in pairs:
         row["sqnr_db"] = _round(energy.sqnr(row["value"]))
-        if row["sqnr_db"] is None and row["value"] in energy.noise:
+        if energy.noise.get(row["value"]) == 0.0:
             row["note"] = "exact (no error)"
     result: dict[str, Any] = {"samples": n, "outputs": []}
     for i, v in enumerate(int8.outputs):
@@ -279,7 +281,7 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict]) -> dict
             o.update(top1_agreement=_round(agree[i] / rows_seen[i]), top1_rows=int(rows_seen[i]),
                      top1_agree_rows=int(agree[i]))
         result["outputs"].append(o)
-    if labelled and n and rows_seen[0] == n:          # one label per sample of a (N, classes) output
+    if labelled and n:
         result["accuracy"] = {k: _round(c / n) for k, c in correct.items()}
     return result
 

@@ -327,14 +327,17 @@ def test_int8_artifact_at_most_0_3_of_fp32_resnet50(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="at 1.2 M parameters kernel code weighs as much as the weights: "
-                   "int8 model.so = 1.38 MB constants + 0.62 MB code vs fp32 4.69 MB + 0.36 MB (ratio ~0.43)")
 def test_int8_artifact_at_most_0_3_of_fp32_rapidocr_det(tmp_path):
-    """rapidocr-det (1.17 M real parameters): the weights shrink 4x, the whole library does not."""
+    """rapidocr-det (1.17 M real parameters): the weights shrink 4x, the whole library does not yet:
+    at this size kernel code weighs as much as the weights (measured: int8 model.so = 1.38 MB of
+    constants + 0.62 MB of code, fp32 = 4.69 MB + 0.36 MB; ratio 0.44). Expected to fail until the
+    int8 kernels get smaller; reported as xfail with the numbers."""
     m = [m for m in realmodels.rapidocr_models() if m.name == "rapidocr-det"]
     if not m:
         pytest.skip("rapidocr_onnxruntime is not installed")
     f32, i8, s = _sizes_both(lambda: import_onnx(m[0].load(), m[0].input_shapes), tmp_path)
-    print(f"rapidocr-det model.so: fp32 {f32} B, int8 {i8} B, ratio {i8 / f32:.3f}")
-    assert s["params_ratio"] < 0.27 and abs(s["library_fp32_bytes"] - f32) < 0.1 * f32
-    assert i8 <= 0.3 * f32
+    assert s["params_fp32_bytes"] > 4 * 10 ** 6 and s["params_ratio"] < 0.27
+    assert abs(s["library_fp32_bytes"] - f32) < 0.1 * f32
+    if i8 > 0.3 * f32:
+        pytest.xfail(f"rapidocr-det model.so: fp32 {f32} B, int8 {i8} B, ratio {i8 / f32:.3f} > 0.3 "
+                     "(kernel code, not weights, dominates at 1.2 M parameters)")
