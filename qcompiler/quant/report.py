@@ -37,7 +37,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
