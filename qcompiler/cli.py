@@ -193,7 +193,7 @@ def quantize_options(graph, args):
         calib = open_dataset(args.calib, graph.inputs, samples=args.calib_samples, preprocess=pre,
                              batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
     return QuantizeOptions(method=args.calib_method, percentile=args.percentile, per_channel=not args.per_tensor,
-                           calib=calib, keep_float=frozenset(args.keep_float),
+                           calib=calib, keep_float=frozenset(args.keep_float), progress=not args.quiet,
                            random_samples=min(args.calib_samples, 64))
 
 

@@ -152,6 +152,20 @@ def rapidocr_input(kind: str, shape) -> np.ndarray:
     return np.repeat(img.transpose(2, 0, 1)[None], n, axis=0).astype(np.float32)
 
 
+def rapidocr_text_lines(n: int, shape=(1, 3, 48, 192), start: int = 0) -> np.ndarray:
+    """n different synthetic text lines (text_image seeds start..start+n-1) for the direction
+    classifier, every second one rotated by 180 degrees (what rapidocr-cls detects), preprocessed
+    as :func:`rapidocr_input` does for cls: float32 N x 3 x H x W."""
+    _, c, h, w = shape
+    out = np.empty((n, c, h, w), np.float32)
+    for i in range(n):
+        img = text_image(h, w, seed=start + i)
+        if i % 2:
+            img = img[::-1, ::-1]
+        out[i] = ((img / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+    return out
+
+
 def random_feeds(shapes: dict[str, tuple], seed: int = 0, dtypes: dict | None = None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {k: rng.standard_normal(s).astype((dtypes or {}).get(k, np.float32)) for k, s in shapes.items()}

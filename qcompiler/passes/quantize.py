@@ -7,7 +7,16 @@ weights symmetric int8 per output channel (or per tensor), biases int32. A real 
     y[o] = Σ x * w[o] + b[o]  ≈  s_x s_w[o] (Σ (x_q - z_x) w_q[o] + b_q[o]) = s_x s_w[o] acc[o]
     y_q[o] = z_y + M[o] acc[o],   M[o] = s_x s_w[o] / s_y   (fixed point: qcompiler.quant.requant)
 
-with b_q = round(b / (s_x s_w[o])) in int32. Steps:
+with b_q = round(b' / (s_x s_w[o])) in int32, where b' is the bias corrected for the mean error of the
+int8 weights (``bias_correction``, on by default with calibration data; Nagel et al., *Data-Free
+Quantization Through Weight Equalization and Bias Correction*, ICCV 2019, §5, the empirical variant)::
+
+    b'[o] = b[o] - mean over output positions of (ε ⊛ x̄)[o],   ε = dequant(W_q) - W,  x̄ = E[x]
+
+x̄ is the layer input averaged over the calibration data (spatial positions kept, so taps reading the
+zero padding count as 0). Rounding the weights shifts each output channel's mean by that amount,
+and the later layers amplify the shift; the correction removes it in expectation. The float graph
+itself is not changed (unlike the ``bias-correct`` pass, whose helpers this reuses). Steps:
 
 1. prepare: what an integer kernel cannot fuse is split off: FusedConv(X, W, B, Z) becomes
    FusedConv(X, W, B) -> Add(., Z) -> activation, and activations other than Relu/Clip
@@ -35,7 +44,8 @@ with b_q = round(b / (s_x s_w[o])) in int32. Steps:
 
 3. calibrate: one :func:`~qcompiler.quant.calibrate.collect_ranges` pass of the float graph over
    the data, for every value whose range sets params (QLinear outputs, Concat outputs, float values
-   entering quantized ops); ``ranges`` given in the options take precedence.
+   entering quantized ops); ``ranges`` given in the options take precedence. With calibration data
+   and ``bias_correction``, a second pass over it averages the inputs of the Conv/Gemm layers.
 4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range,
    and in ``graph.meta["quant"]["float_values"]`` which float value each quantized value stands for
    (``{"conv_out": "conv_out", "x_q": "x", "a_rq": "a"}``), named as in the float graph after step 1.
@@ -77,6 +87,7 @@ from ..quant import qparams as qpm
 from ..quant.observers import Method
 from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
 from ._common import is_output, make_activation, pass_options, single_use
+from .bias_correct import _empirical_error, mean_inputs
 from .manager import PassContext, register_pass
 
 CONVS = ("Conv", "FusedConv")
@@ -98,6 +109,8 @@ class QuantizeOptions:
     keep_float: frozenset = frozenset()    # op names or op kinds that stay float
     ranges: dict = field(default_factory=dict)   # value name -> (lo, hi): given ranges win over calibration
     random_samples: int = 16               # feeds of random data when calib is None
+    progress: bool = False                 # a one-line progress bar on stderr while calibrating (TTY only)
+    bias_correction: bool = True           # b -= ε·E[x] from the calibration data (not with calib None)
 
     def __post_init__(self):
         known = [m.value for m in Method]
@@ -264,7 +277,7 @@ def _ranges(graph: Graph, names: list[str], opts: QuantizeOptions, info: dict) -
         else:
             info["calibration"] = f"{len(data)} feeds" if hasattr(data, "__len__") else "data"
         kw = {"p": opts.percentile} if opts.method == "percentile" else {}
-        ranges.update(collect_ranges(graph, data, todo, opts.method, **kw))
+        ranges.update(collect_ranges(graph, data, todo, opts.method, quiet=not opts.progress, **kw))
     return ranges
 
 
@@ -288,8 +301,10 @@ def _params(graph: Graph, p: _Plan, opts: QuantizeOptions, info: dict) -> tuple[
 
 # ---- 4. rewrite -----------------------------------------------------------------------------------
 class _Rewriter:
-    def __init__(self, graph: Graph, plan: _Plan, P: dict, ranges: dict, opts: QuantizeOptions):
+    def __init__(self, graph: Graph, plan: _Plan, P: dict, ranges: dict, opts: QuantizeOptions,
+                 means: dict | None = None):
         self.g, self.p, self.P, self.ranges, self.opts = graph, plan, P, ranges, opts
+        self.means = means or {}                    # Conv/Gemm name -> its input averaged over the calibration data
         self.qv: dict[Value, Value] = {}            # float value (or its DequantizeLinear) -> quantized
         self.dqs: list[Op] = []
         self.layers: dict[str, dict] = {}
@@ -403,6 +418,11 @@ class _Rewriter:
                 if b is not None:
                     b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
         wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        if op.name in self.means:
+            eps = qpm.fake_quantize(w, wqp).astype(np.float64) - w.astype(np.float64)
+            err = _empirical_error(op, eps, self.means[op.name])
+            b = ((np.zeros(w.shape[0]) if b is None else b.astype(np.float64)) - err).astype(np.float32)
+            info["bias_correction"] = float(np.max(np.abs(err)))
         if b is not None:
             wqp, widened = _fit_bias(wqp, x.type.quant.scale[0], b)
             if widened:
@@ -411,7 +431,8 @@ class _Rewriter:
         operands = [x, self.g.add_const(qpm.quantize(w, wqp), wname + "_q", quant=wqp)]
         if b is not None:
             bqp = qpm.bias_params(x.type.quant, wqp)
-            operands.append(self.g.add_const(qpm.quantize(b, bqp), op.operands[2].name + "_q", quant=bqp))
+            bname = op.operands[2].name if len(op.operands) >= 3 else op.name + "_bias"
+            operands.append(self.g.add_const(qpm.quantize(b, bqp), bname + "_q", quant=bqp))
         ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
         attrs.update(multiplier=ms, shift=ss)
         info["input"] = _summary(x.type.quant)
@@ -435,6 +456,15 @@ class _Rewriter:
         new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
         self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": _summary(qo),
                                  "range": rng, "method": self.opts.method}
+
+
+def _layer_input_means(graph: Graph, p: _Plan, opts: QuantizeOptions) -> dict[str, np.ndarray]:
+    """For bias correction: the data input of every Conv/Gemm to quantize, averaged over the
+    calibration feeds (none without real calibration data or with ``bias_correction`` off)."""
+    if not opts.bias_correction or opts.calib is None:
+        return {}
+    layers = [op for op, role in p.role.items() if role == "compute" and op.kind in CONVS + GEMMS]
+    return mean_inputs(graph, opts.calib, layers) if layers else {}
 
 
 BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the products
@@ -475,7 +505,7 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         return False
     info: dict[str, Any] = {}
     P, ranges = _params(graph, plan, opts, info)
-    rw = _Rewriter(graph, plan, P, ranges, opts)
+    rw = _Rewriter(graph, plan, P, ranges, opts, _layer_input_means(graph, plan, opts))
     rw.run()
     graph.meta["quant"] = {
         "scheme": {"activations": f"{opts.activation_dtype} "

@@ -505,18 +505,20 @@ def random_dataset(input_specs: Iterable[Any], n: int = 32, seed: int = 0, *, ba
 
 # ---- progress ----------------------------------------------------------------------------------
 class Progress:
-    """A one-line progress bar on stderr: ``calibrate  120/500 [####      ] 35.2/s``.
+    """A one-line progress bar on stderr: ``calibrate 120/500 [####                ] 35.2/s``.
 
-    On a terminal it redraws at most every ``interval`` seconds; elsewhere (logs, CI) it prints
-    only the final line. ``quiet`` prints nothing."""
+    Only on a terminal: it redraws the line in place (``\\r``) at most every ``interval`` seconds
+    and leaves the final count on it. Elsewhere (pipes, logs, CI) and with ``quiet`` it prints
+    nothing."""
 
     def __init__(self, total: int | None, desc: str = "", *, quiet: bool = False, stream=None,
                  interval: float = 0.2):
-        self.total, self.desc, self.quiet = total, desc, quiet
+        self.total, self.desc = total, desc
         self.stream = stream if stream is not None else sys.stderr
         self.interval, self.done = interval, 0
         self._start = self._last = time.monotonic()
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.quiet = quiet or not self._tty
 
     def _line(self) -> str:
         rate = self.done / max(time.monotonic() - self._start, 1e-9)
@@ -528,14 +530,14 @@ class Progress:
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
-        if not self.quiet and self._tty and now - self._last >= self.interval:
+        if not self.quiet and now - self._last >= self.interval:
             self._last = now
             self.stream.write("\r" + self._line())
             self.stream.flush()
 
     def close(self) -> None:
         if not self.quiet:
-            self.stream.write(("\r" if self._tty else "") + self._line() + "\n")
+            self.stream.write("\r" + self._line() + "\n")
             self.stream.flush()
         self.quiet = True
 

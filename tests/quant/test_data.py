@@ -193,14 +193,22 @@ def test_no_samples_missing_inputs_and_files(tmp_path):
         assert open_dataset(tmp_path / "x.npy", X, samples=5).num_samples == 3
 
 
-def test_progress_bar_lines():
-    out = io.StringIO()
-    with Progress(4, "calibrate", stream=out) as bar:
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    out = _Terminal()
+    with Progress(4, "calibrate", stream=out, interval=0.0) as bar:
         for _ in range(4):
             bar.update()
-    assert out.getvalue().startswith("calibrate 4/4 [####################]") and out.getvalue().endswith("/s\n")
-    out = io.StringIO()
-    with Progress(4, "x", stream=out, quiet=True) as bar:
-        bar.update(4)
-    assert out.getvalue() == ""
+    lines = out.getvalue().split("\r")[1:]
+    assert len(lines) == 5 and lines[0].startswith("calibrate 1/4 [#####               ]")
+    assert lines[-1].startswith("calibrate 4/4 [####################]") and lines[-1].endswith("/s\n")
+    assert all("\n" not in l for l in lines[:-1])                          # one line, redrawn in place
+    for stream, quiet in ((io.StringIO(), False), (_Terminal(), True)):    # a pipe or a log; -q
+        with Progress(4, "x", stream=stream, quiet=quiet, interval=0.0) as bar:
+            bar.update(4)
+        assert stream.getvalue() == ""
     assert list(progress(range(3), quiet=True)) == [0, 1, 2]

@@ -88,7 +88,8 @@ def imbalanced_block(seed: int = 0, big: float = 100.0) -> onnx.ModelProto:
 def int8_outputs(g0, name, pipeline, calib, test, batch, per_channel=False):
     """fp32 of ``g0`` after ``pipeline`` (ORT) and the per-tensor int8 outputs (reference)."""
     g = g0.clone()
-    ctx = PassContext(options={"quantize": QuantizeOptions(calib=calib, per_channel=per_channel)})
+    ctx = PassContext(options={"quantize": QuantizeOptions(calib=calib, per_channel=per_channel,
+                                                               bias_correction=False)})  # the passes alone
     if pipeline:
         PassManager(pipeline, ctx=ctx).run(g)
     with warnings.catch_warnings():
@@ -144,11 +145,11 @@ def test_real_models_per_tensor(name, capsys):
     res = measure(case, pipes)
     _report(name, res, capsys)
     if name == "fashion_mobilenet":
-        # measured: plain 16.8 dB, DFQ 29.2 dB; top-1 fp32 95.0%, plain 94.6%, DFQ 95.0%
+        # measured: plain 16.8 dB, DFQ 29.3 dB; top-1 fp32 95.0%, plain 94.4%, DFQ 94.6%
         assert res[DFQ]["sqnr"] >= res[""]["sqnr"] + 10
         assert res[DFQ]["top1"] >= res["fp32_top1"] - 1
     else:
-        # measured: plain 14.2 dB, equalize 20.2 dB, DFQ 12.7 dB. This MobileNetV3-style model puts
+        # measured (24 text lines): plain 15.7 dB, equalize 21.0 dB, DFQ 18.1 dB. This MobileNetV3-style model puts
         # HardSwish/HardSigmoid (which do not commute with scaling) after its most imbalanced layers
         # (depthwise ranges up to 33x apart), so equalize reaches only 15 pairs; absorb-bias moves one
         # channel whose values fall below β − 3γ on these inputs, and bias correction (analytic 18.1

@@ -84,11 +84,23 @@ def test_asymmetric_zero_exact_and_range_covered(lo, width, storage):
     assert dequantize(quantize(np.zeros(1, np.float32), qp), qp)[0] == 0.0
     qmin, qmax = qrange(storage)
     s, z = qp.scale[0], qp.zero_point[0]
-    assert s * (qmin - z) <= min(lo, 0.0) and s * (qmax - z) >= max(hi, 0.0)        # covered
-    if width > 1e-3:
-        assert s <= (max(hi, 0) - min(lo, 0)) / (qmax - qmin) * (1 + 1 / 127) + 1e-12   # not wasteful
-    ends = np.array([min(lo, 0.0), max(hi, 0.0)], np.float32)
+    lo0, hi0 = min(lo, 0.0), max(hi, 0.0)
+    if width > 1e-3:                                  # the full range, not wider: no step wasted
+        assert s == pytest.approx((hi0 - lo0) / (qmax - qmin), rel=1e-7)
+    assert s * (qmin - z) <= lo0 + s / 2 and s * (qmax - z) >= hi0 - s / 2      # covered to half a step
+    ends = np.array([lo0, hi0], np.float32)
     assert np.all(np.abs(fake_quantize(ends, qp) - ends) <= s / 2 * 1.001 + 1e-6)      # not clipped
+
+
+def test_asymmetric_rounds_the_zero_point_instead_of_widening():
+    """MNIST's normalized input range: the ideal zero point 33.33 is rounded to 33 and the scale
+    stays 1/255 of the range (what ONNX Runtime's MinMax gives), not widened to cover -0.4242."""
+    lo, hi = -0.1307 / 0.3081, (1 - 0.1307) / 0.3081
+    qp = asymmetric(lo, hi)
+    assert qp.zero_point == (33,) and qp.scale[0] == float(np.float32((hi - lo) / 255))
+    assert qp.scale[0] == pytest.approx(0.0127282, abs=1e-7)
+    x = np.linspace(lo, hi, 10001).astype(np.float32)
+    assert np.abs(fake_quantize(x, qp) - x).max() <= qp.scale[0] / 2 * 1.001
 
 
 def test_asymmetric_edge_cases():

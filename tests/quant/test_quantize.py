@@ -56,21 +56,21 @@ RANGES = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "r": (0.0, 5.0), "p": (0.0, 2.0), "
 def test_golden_conv_residual_pool_gemm():
     """Conv+Relu -> QLinearConv; Add+Relu -> QLinearAdd (Relu folded); GAP -> integer pool;
     Flatten keeps params; Gemm (transB = 0) -> QLinearGemm with W stored N x K; Softmax stays float.
-    Checked by hand: x [-1, 1] -> 1/127 @ 128 (the zero point rounds, the scale widens);
-    w[0] = [0.5, -1] / (1/127) = [63.4999 -> 63, -127]; b[0] = 0.5 / (s_x s_w0) = 8064;
-    M_conv[0] = s_x s_w0 / s_y = 0.0039526 = 1086457285 * 2^-38; Add: M = [0.8, 0.4016] * 2^31."""
+    Checked by hand: x [-1, 1] -> 2/255 @ 127 (float32 2/255 rounds up: the ideal zero point is 127.4999);
+    w[0] = [0.5, -1] / (1/127) = [63.4999 -> 63, -127]; b[0] = 0.5 / (s_x s_w0) = 8096;
+    M_conv[0] = s_x s_w0 / s_y = 0.0039370 = 1082196608 * 2^-38; Add: M = [0.8, 0.4] * 2^31."""
     g = quantize(NET, ranges=RANGES)
     assert_ir(g, f"""graph @g(%x: {T}) {{
   %w_q = const dense<[63, -127, 16, 127]> : tensor<2x2x1x1x!quant.uniform<i8:f32:0, {{0.007874017:0, 0.015748033:0}}>>
-  %b_q = const dense<[8064, -2016]> : tensor<2x!quant.uniform<i32:f32:0, {{6.200014e-05:0, 0.00012400027:0}}>>
+  %b_q = const dense<[8096, -2024]> : tensor<2x!quant.uniform<i32:f32:0, {{6.1757e-05:0, 0.000123514:0}}>>
   %fw_q = const dense<[127, 95, -127, 127, 16, -127]> : tensor<3x2x!quant.uniform<i8:f32:0, {{0.007874017:0, 0.0039370083:0, 0.015748033:0}}>>
   %fb_q = const dense<[1619, 6477, 2429]> : tensor<3x!quant.uniform<i32:f32:0, {{6.1757e-05:0, 3.08785e-05:0, 0.000123514:0}}>>
-  %x_q = QuantizeLinear(%x) : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.007874017:128>>
-  %y = QLinearConv(%x_q, %w_q, %b_q) {{activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, multiplier = [1086457285, 1086457285], pads = [0, 0, 0, 0], shift = [38, 37], strides = [1, 1]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.015686275:0>>
-  %r = QLinearAdd(%y, %x_q) {{activation = "Relu", activation_params = [], multiplier = [1717986959, 862375391], shift = [31]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.019607844:0>>
+  %x_q = QuantizeLinear(%x) : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.007843138:127>>
+  %y = QLinearConv(%x_q, %w_q, %b_q) {{activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, multiplier = [1082196608, 1082196608], pads = [0, 0, 0, 0], shift = [38, 37], strides = [1, 1]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.015686275:0>>
+  %r = QLinearAdd(%y, %x_q) {{activation = "Relu", activation_params = [], multiplier = [1717986959, 858993480], shift = [31]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.019607844:0>>
   %p = QLinearGlobalAveragePool(%r) {{multiplier = [1193046443], shift = [32]}} : tensor<1x2x1x1x!quant.uniform<u8:f32, 0.007843138:0>>
   %f = Flatten(%p) {{axis = 1}} : tensor<1x2x!quant.uniform<u8:f32, 0.007843138:0>>
-  %o = QLinearGemm(%f, %fw_q, %fb_q) {{activation = "", activation_params = [], multiplier = [1437270243, 1437270243, 1437270243], shift = [39, 40, 38]}} : tensor<1x3x!quant.uniform<u8:f32, 0.023622049:128>>
+  %o = QLinearGemm(%f, %fw_q, %fb_q) {{activation = "", activation_params = [], multiplier = [1442928868, 1442928868, 1442928868], shift = [39, 40, 38]}} : tensor<1x3x!quant.uniform<u8:f32, 0.023529412:127>>
   %o_dq = DequantizeLinear(%o) : tensor<1x3xf32>
   %sm = Softmax(%o_dq) {{axis = 1}} : tensor<1x3xf32>
   return %sm
@@ -234,6 +234,38 @@ def test_calibration_methods(method):
     assert g.meta["quant"]["scheme"]["method"] == method and g.meta["quant"]["scheme"]["calibration"] == "8 feeds"
     lo, hi = g.meta["quant"]["layers"]["conv"]["range"]
     assert 0.0 <= lo < hi
+
+
+GEMM = """graph @g(%x: tensor<1x4xf32>) {
+  %w = const dense<[0.5, -1.0, 0.3, 0.01, 1.0, 0.55, -0.45, 0.23]> : tensor<2x4xf32>
+  %y = FusedGemm(%x, %w) {activation = "", activation_params = [], alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<1x2xf32> loc("fc")
+  return %y
+}"""
+
+
+def test_bias_correction_removes_the_mean_weight_error():
+    """Nagel et al. 2019 §5: b' = b - ε·E[x], ε = dequant(W_q) - W. Inputs with a large common mean
+    (x in [2, 3]) make the shift from rounding the weights (ε up to half a step, 1/254) systematic."""
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(2.0, 3.0, (64, 4)).astype(np.float32)
+    calib = [{"x": xs[i:i + 1]} for i in range(64)]
+    plain = quantize(GEMM, calib=calib, bias_correction=False)
+    corr = quantize(GEMM, calib=calib)
+    assert [v.name for v in plain.consts.values()] == ["w_q"]             # no bias without correction
+    w = np.array([[0.5, -1.0, 0.3, 0.01], [1.0, 0.55, -0.45, 0.23]])
+    wq = corr.value("w_q")
+    eps = wq.data.astype(np.float64) * np.array(wq.type.quant.scale)[:, None] - w
+    b = corr.value("fc_bias_q")
+    want = np.rint(-(eps @ xs.astype(np.float64).mean(axis=0)) / np.array(b.type.quant.scale))
+    assert b.data.tolist() == want.astype(int).tolist() and np.abs(want).max() >= 2
+    assert corr.meta["quant"]["layers"]["fc"]["bias_correction"] == pytest.approx(np.abs(eps @ xs.mean(0)).max(), rel=1e-5)
+    ref = xs.astype(np.float64) @ w.T
+    err = {k: reference.run(g, {"x": xs})[0] - ref for k, g in (("plain", plain), ("corrected", corr))}
+    assert np.abs(err["corrected"].mean(axis=0)).max() < np.abs(err["plain"].mean(axis=0)).max() / 2
+    # no correction from random data or given ranges alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert "fc_bias_q" not in [v.name for v in quantize(GEMM, random_samples=4).consts.values()]
 
 
 def test_calibration_without_data_warns_and_uses_random_inputs():
