@@ -278,6 +278,9 @@ DOT_CONVS = [  # (storage, C, O, group, kernel, strides, dilations, pads, activa
     ("int8", 32, 64, 4, (3, 3), (2, 2), (1, 1), (1, 0, 1, 2), "Clip"),      # groups of 8 -> 16, stride 2
     ("uint8", 4, 8, 4, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), ""),           # channel multiplier 2
     ("uint8", 36, 48, 1, (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), ""),         # stride 2 pointwise, C = 36
+    ("uint8", 32, 32, 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Relu"),    # depthwise: taps in groups
+    ("int8", 24, 24, 24, (5, 5), (2, 2), (1, 1), (2, 1, 2, 2), "Clip"),     # depthwise 5x5 s2, 8-channel blocks
+    ("uint8", 20, 20, 20, (3, 3), (1, 2), (2, 2), (2, 2, 2, 2), ""),        # depthwise dilated, 4-channel blocks
 ]
 
 

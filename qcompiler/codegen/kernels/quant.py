@@ -72,7 +72,9 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     if len(s) == 1:
         s = s * n
     rnd = [(1 << (int(x) - 1)) if int(x) > 0 else 0 for x in s]
-    fm = _channel_vec(ctx, m, I64, "rq_m")
+    # m < 2^31 is stored as int32 and widened at use: LLVM then sees sext(i32) * sext(i32) and
+    # multiplies with vpmuldq (one uop) instead of a full 64-bit vpmullq (three)
+    fm = _channel_vec(ctx, m, I32, "rq_m")
     fs = _channel_vec(ctx, s, I64, "rq_s")
     fr = _channel_vec(ctx, rnd, I64, "rq_r")
     zo = tirx.const(int(qp.zero_point[0]), I64)
@@ -80,7 +82,7 @@ def requant_fn(ctx, a, out_type, channels: int | None):
 
     def rq(acc, ch=None):
         ch = ch if ch is not None else tirx.const(0, I32)
-        v = cast(acc, I64) * fm(ch) + fr(ch)
+        v = cast(acc, I64) * cast(fm(ch), I64) + fr(ch)
         v = tirx.shift_right(v, fs(ch)) + zo
         return tirx.max(tirx.min(v, hi_c), lo_c)
     return rq
@@ -88,8 +90,8 @@ def requant_fn(ctx, a, out_type, channels: int | None):
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
 def qconv2d(ctx, a, ins, outs):
-    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI (depthwise convs
-    excepted: they have no channel reduction), else the blocked conv with int16 products."""
+    """QLinearConv: the dot-product kernels of :mod:`.qdot` on x86 with AVX2/VNNI (depthwise convs
+    reduce over kernel taps there), else the blocked conv with int16 products."""
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -100,8 +102,11 @@ def qconv2d(ctx, a, ins, outs):
     k, cg = w.shape[:2]
     isa = qdot.isa_of(ctx)
     depthwise = cg == 1 and k == a["group"] and k > 1
-    if not depthwise and qdot.applicable(isa, x, w):
-        acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
+    fast = None
+    if qdot.applicable(isa, x, w):
+        fast = (qdot.depthwise if depthwise else qdot.conv2d)(ctx, a, x, w, out_shape, zx, isa)
+    if fast is not None:
+        acc_at, zx = fast
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at
