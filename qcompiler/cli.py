@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run an int8 artifact (ARM ones under qemu-aarch64) and the QDQ export of "
                        "the same quantized model in ONNX Runtime on the same inputs; print, layer by layer, "
                        "the largest difference in quantization steps (LSB) and the share of final-output "
-                       "elements within 1 LSB. Exit code 0: PASS (every layer within 1 LSB, >= 99.9 %% of "
+                       "elements within 1 LSB. Exit code 0: PASS (every layer within 1 LSB, >= 99.9 % of "
                        "output elements within 1 LSB), 1: FAIL, 2: bad input.")
     f.add_argument("artifact", help="int8 artifact directory written by 'qcompile --dtype int8'")
     f.add_argument("--data", required=True, metavar="X.npy|X.npz",

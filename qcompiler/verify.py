@@ -130,6 +130,9 @@ def read_quantized(out_dir: str | Path):
     out = Path(out_dir)
     m = read_manifest(out)
     debug = m.get("debug")
+    if m["target"]["family"] == "cuda":
+        raise UserError("verify runs x86 and arm artifacts; cuda artifacts have no debug functions yet", str(out),
+                        "compile the same model for --target x86 or arm and verify that")
     if not isinstance(debug, dict) or "ir" not in debug:
         dtype = m["target"].get("dtype", "?")
         raise UserError(f"artifact is not a quantized int8 artifact (dtype {dtype}, no quantized IR in its "
