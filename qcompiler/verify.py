@@ -16,6 +16,11 @@ its stored layout (NCHW{b}c blocks are undone here). So the per-layer numbers ar
 compiled kernels, never of a numpy model; the final outputs are those of ``main``. An ARM artifact
 runs under ``qemu-aarch64`` (a small C++ host, ``verify_probe.cc``, cross-built once and cached).
 
+Two numbers per layer, because 1-LSB differences propagate: *alone* is the kernel run by
+``debug_alone`` (same PrimFuncs again) on ORT's values of its inputs, so it measures that layer
+only, and is what the acceptance bounds; *chained* is the value after the whole network from the
+same model input (``debug``), informational: a depthwise conv can turn one upstream LSB into several.
+
 ORT side: the QDQ ONNX exported from ``model.qir`` (:func:`qcompiler.quant.qdq_export.export_qdq`;
 ``--qdq`` gives another file, e.g. the one ``--export-qdq`` wrote), each compared value made a
 graph output, on the CPU execution provider with ORT's default graph optimization level
@@ -23,7 +28,7 @@ graph output, on the CPU execution provider with ORT's default graph optimizatio
 scale, which is what a user deploying the QDQ model gets; they may round a value that sits near .5
 the other way, hence 1 LSB).
 
-Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_OUTPUT_SHARE`): every compared layer within 1 LSB and
+Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_OUTPUT_SHARE`): every compared layer alone within 1 LSB and
 at least 99.9 % of the elements of every final output within 1 LSB (a float output made by
 DequantizeLinear is measured in the steps of its quantized operand). Exit code 0 when it passes, 1
 when it does not, 2 on bad input.
