@@ -220,3 +220,101 @@ def test_int8_without_calibration_data_is_refused(tmp_path, capsys):
     code, _, err = run(capsys, FASHION, "--dtype", "int8", "-o", str(tmp_path / "a"))
     assert code == 2 and "quantization needs calibration data" in err
     assert not (tmp_path / "a").exists()
+
+
+# ---- calibration data: every problem is one line and exit code 2 (issue #5) ---------------------------
+def _calib_npy(tmp, a):
+    np.save(tmp / "c.npy", a)
+    return str(tmp / "c.npy")
+
+
+def _bad_image_folder(tmp):
+    from PIL import Image
+    d = tmp / "imgs"
+    d.mkdir()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(d / "a.png")
+    (d / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    return str(d)
+
+
+def _nan(kind):
+    a = np.zeros((6, 1, 28, 28), np.float32)
+    a[3, 0, 5, 5] = np.nan if kind == "NaN" else -np.inf
+    return a
+
+
+CALIB_CASES = {   # name -> (make the --calib path in TMP, extra flags, what the message must say)
+    "wrong shape": (lambda t: _calib_npy(t, np.zeros((4, 1, 27, 27), np.float32)), [],
+                    "has shape [4, 1, 27, 27] but model input 'input' takes [1, 1, 28, 28]"),
+    "strings": (lambda t: _calib_npy(t, np.array([["a"] * 28] * 4)), [], "holds <U1 data, not numbers"),
+    "complex": (lambda t: _calib_npy(t, np.zeros((4, 1, 28, 28), complex)), [], "holds complex128 data, not numbers"),
+    "float for an int input": (None, [], None),
+    "NaN": (lambda t: _calib_npy(t, _nan("NaN")), [], "holds NaN in sample 3"),
+    "Inf in an npz": (lambda t: (np.savez(t / "c.npz", input=_nan("Inf")), str(t / "c.npz"))[1], [],
+                      "holds Inf in sample 3"),
+    "empty folder": (lambda t: (t.joinpath("empty").mkdir(), str(t / "empty"))[1], [], "holds no PNG/JPEG/BMP images"),
+    "corrupt image": (_bad_image_folder, [], "cannot read the image"),
+    "npz without a matching array": (lambda t: (np.savez(t / "c.npz", a=np.zeros((4, 1, 28, 28)),
+                                                         b=np.zeros((4, 1, 28, 28))), str(t / "c.npz"))[1], [],
+                                     "no array for model input(s) input (the file holds a, b)"),
+    "no samples": (lambda t: _calib_npy(t, np.zeros((0, 1, 28, 28), np.float32)), [], "the data holds no samples"),
+    "missing file": (lambda t: str(t / "nope.npz"), [], "no such file or folder"),
+    "unsupported file": (lambda t: (t.joinpath("c.csv").write_text("1,2"), str(t / "c.csv"))[1], [],
+                         "unsupported data file type '.csv'"),
+    "--calib-samples 0": (lambda t: FASHION_DATA, ["--calib-samples", "0"], "--calib-samples must be positive, got 0"),
+    "--calib-samples negative": (lambda t: FASHION_DATA, ["--calib-samples", "-3"],
+                                 "--calib-samples must be positive, got -3"),
+}
+del CALIB_CASES["float for an int input"]          # (the model takes float32: covered in tests/quant/test_data.py)
+
+
+@pytest.mark.parametrize("command", ["convert", "compile"])
+@pytest.mark.parametrize("case", sorted(CALIB_CASES))
+def test_bad_calibration_data_is_one_line_and_exit_2(tmp_path, capsys, case, command):
+    make, flags, msg = CALIB_CASES[case]
+    data = tmp_path / "data"
+    data.mkdir()
+    calib = make(data)
+    out = tmp_path / ("q.onnx" if command == "convert" else "q8")
+    argv = (["convert", FASHION, "-o", str(out), "--passes", "default,quantize"] if command == "convert"
+            else [FASHION, "--dtype", "int8", "-o", str(out)])
+    argv += ["--calib", calib] + (flags or ["--calib-samples", "4"])
+    code, _, err = run(capsys, *argv)                  # the pass log, then the error as the last line
+    assert code == 2, err
+    lines = err.splitlines()
+    assert [l for l in lines if "error" in l] == lines[-1:] and lines[-1].startswith("qcompile: error: ")
+    assert msg in lines[-1] and "Traceback" not in err and not out.exists(), err
+    code, _, err = run(capsys, *argv, "-q")             # quiet: that line alone
+    assert code == 2 and err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
+
+
+class _Terminal:
+    """A stderr that says it is a terminal."""
+
+    def __init__(self):
+        import io
+        self.buf = io.StringIO()
+
+    def write(self, s):
+        return self.buf.write(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_calibration_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, quiet):
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    out = tmp_path / "q.onnx"
+    code = main(["convert", FASHION, "-o", str(out), "--passes", "default,quantize", "--calib", FASHION_DATA,
+                 "--calib-samples", "8"] + (["-q"] if quiet else []))
+    text = term.buf.getvalue()
+    assert code == 0 and out.exists(), text
+    if quiet:
+        assert text == ""
+    else:
+        assert "\rcalibrate 8/8 [####################]" in text, text

@@ -118,3 +118,27 @@ def test_memory_does_not_grow_with_samples(tmp_path):
     one_activation_set = 500 * 8 * 32 * 32 * 4                        # what storing would take: 16 MB
     assert large < small * 1.5 + 256 * 1024, (small, large)
     assert large < one_activation_set / 10
+
+
+def test_a_generator_stream_is_held_one_batch_at_a_time():
+    """Streaming, counted directly: every feed a generator yields is freed before the next one is
+    asked for (at most one batch alive while calibrating), and the ranges are those of all of them."""
+    import gc
+    import weakref
+    g = conv_relu_graph(cout=8, hw=16)
+    alive, peak, made = set(), [0], []
+
+    def feeds(n=60):
+        rng = np.random.default_rng(5)
+        for i in range(n):
+            gc.collect()
+            peak[0] = max(peak[0], len(alive))
+            x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32) * (1 + i % 7)
+            made.append((float(x.min()), float(x.max())))
+            alive.add(i)
+            weakref.finalize(x, alive.discard, i)
+            yield {"x": x}
+
+    ranges = collect_ranges(g, feeds(), ["x", "relu_out" if g.has_value("relu_out") else g.outputs[0].name])
+    assert peak[0] <= 1, peak                          # the previous batch was gone when the next was made
+    assert ranges["x"] == (min(m[0] for m in made), max(m[1] for m in made))
