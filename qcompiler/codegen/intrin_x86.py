@@ -59,10 +59,8 @@ class DotIsa:
             lanes //= 2
         return 0
 
-    def intrin(self, lanes: int, scope: str = "local", per_lane: bool = False) -> str:
-        """The intrinsic's name; ``per_lane``: A is (lanes x group), one word per lane (depthwise),
-        instead of one word broadcast to every lane."""
-        return _register(self.kind, lanes, scope, per_lane)
+    def intrin(self, lanes: int, scope: str = "local") -> str:
+        return _register(self.kind, lanes, scope)
 
     def __str__(self):
         return f"{self.kind}x{self.lanes}"
@@ -111,13 +109,11 @@ _VNNI_LLVM = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.2
 _PMADDWD_LLVM = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
 
 
-def _make(kind: str, lanes: int, scope: str, per_lane: bool):
+def _make(kind: str, lanes: int, scope: str):
     k = 4 if kind == "vnni" else 2
     adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int16")
     word = lanes * k                       # elements in one B register
     a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
-    if per_lane:
-        return _make_per_lane(kind, lanes, scope, k, adt, bdt, word, b_vec, c_vec)
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), adt, offset_factor=1),
@@ -161,47 +157,11 @@ def _make(kind: str, lanes: int, scope: str, per_lane: bool):
     return desc, impl
 
 
-def _make_per_lane(kind, lanes, scope, k, adt, bdt, word, b_vec, c_vec):
-    """``C[i] += Σ_j A[i, j] · B[i, j]``: a depthwise tap group, A one vector like B."""
-    @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((lanes, k), adt, offset_factor=1),
-             B: T.Buffer((lanes, k), bdt, offset_factor=1),
-             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:lanes, 0:k], B[0:lanes, 0:k])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for j in T.serial(0, k):
-                    with T.sblock("update"):
-                        vi, vj = T.axis.remap("SR", [i, j])
-                        C[vi] = C[vi] + T.cast(A[vi, vj], "int32") * T.cast(B[vi, vj], "int32")
-
-    llvm = (_VNNI_LLVM if kind == "vnni" else _PMADDWD_LLVM)[lanes]
-
-    @T.prim_func(s_tir=True)
-    def impl(A: T.Buffer((lanes, k), adt, offset_factor=1),
-             B: T.Buffer((lanes, k), bdt, offset_factor=1),
-             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:lanes, 0:k], B[0:lanes, 0:k])
-            T.writes(C[0:lanes])
-            if kind == "vnni":
-                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(llvm), C.vload([0], c_vec),
-                    T.reinterpret(A.vload([0, 0], dtype=f"{adt}x{word}"), dtype=b_vec),
-                    B.vload([0, 0], dtype=b_vec), dtype=c_vec)
-            else:
-                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(llvm), A.vload([0, 0], dtype=b_vec),
-                    B.vload([0, 0], dtype=b_vec), dtype=c_vec)
-    return desc, impl
-
-
 @lru_cache(maxsize=None)
-def _register(kind: str, lanes: int, scope: str, per_lane: bool = False) -> str:
-    name = f"qc_x86_{kind}_{lanes}_{scope}" + ("_dw" if per_lane else "")
+def _register(kind: str, lanes: int, scope: str) -> str:
+    name = f"qc_x86_{kind}_{lanes}_{scope}"
     try:
         s_tir.TensorIntrin.get(name, allow_missing=False)
     except Exception:  # noqa: BLE001 - not registered yet in this process
-        s_tir.TensorIntrin.register(name, *_make(kind, lanes, scope, per_lane))
+        s_tir.TensorIntrin.register(name, *_make(kind, lanes, scope))
     return name

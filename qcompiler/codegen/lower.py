@@ -35,9 +35,11 @@ per-channel int32 bias, and the fixed-point requantization (int64, per-channel m
 Relu/Clip clamp) is the kernel's fused epilogue, as is a following QLinearAdd (residual) or
 DequantizeLinear. Bit-exact with qcompiler.quant.reference (tests/codegen/test_x86_int8.py).
 x86 is tested; arm builds the same computes (x86 schedules with 4-lane blocks) and runs bit-exact
-under qemu (tests/codegen/test_arm_int8.py); cuda (dlight) is not run yet. No VNNI/AVX2 u8xs8
-tensor intrinsic yet. On x86 and arm a quantized module also has functions ``debug`` and
-``debug_alone``: the same kernel calls as ``main`` (same PrimFuncs and constants) returning every
+under qemu (tests/codegen/test_arm_int8.py); cuda (dlight) is not run yet. On x86, QLinearConv
+(not depthwise) and QLinearGemm are tensorized on dot-product instructions picked from the target's
+LLVM features (kernels/qdot.py, intrin_x86.py): VNNI vpdpbusd where available, else exact int16
+vpmaddwd (AVX2); arm and cuda keep the plain loops. On x86 and arm a quantized module also has
+functions ``debug`` and ``debug_alone``: the same kernel calls as ``main`` (same PrimFuncs and constants) returning every
 stored value, chained or each kernel on given operands, for ``qcompile verify``.
 
 Precision: with ``spec.dtype == "fp16"`` every float activation and weight is stored as float16;

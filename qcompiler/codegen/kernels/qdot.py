@@ -15,6 +15,12 @@ Operands, packed so that one group is one 32-bit word and one weight tile one ve
   (one or two registers of L lanes) by q input channels, zero for padded channels; the output
   channels of each group are padded to a multiple of 4 when L would not divide them.
 
+Depthwise convs stay on the plain int16-product kernel (:func:`.conv.conv2d_accumulate`): they
+have no channel reduction, and a per-lane ``vpdpbusd`` over groups of 4 kernel taps (activations
+replicated per tap into a (…, x_out, tap group, c, 4) layout) was measured on rapidocr-det at
+1 thread and NOT adopted: 3x3 layers 1195/532/845 us against 1176/457/870 us for the int16 kernel,
+5x5 505 against 310 us (the tap packing costs what the dot product saves).
+
 The caller folds the zero point into the bias with the *effective* zero point returned here
 (``bias - z_eff · Σ_k w[c, k]``), exactly as the plain kernels do; padding stores z_eff so that it
 cancels. Intel's VNNI guide ("Lower numerical precision deep learning inference and training",
@@ -171,47 +177,3 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
     ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes))
     return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
 
-
-def depthwise(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
-    """Depthwise conv (one filter per channel) on the per-lane dot product: the kernel taps of a
-    row are the reduction, in groups of q (zero weights pad S to a multiple of q).
-
-    The activations are packed once per output column: ``P[n, cb, y, x_out, t, c, j]`` holds the
-    input under tap ``t·q + j`` of output column x_out (the padded input replicated q/stride
-    times, in the A operand type), so that one instruction multiplies b/L vectors of L channels by
-    q taps; weights ``(C/b, R, T, b, q)``. Returns (acc accessor, effective zero point) or None
-    when the channel block is under 4."""
-    from .conv import _attrs2d, _reg_n, pick_block
-    n, c, h, wd = x.shape
-    r, s = w.shape[2:]
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
-    oh, ow = out_shape[2:]
-    q = isa.group
-    b = x.block if x.block and c % x.block == 0 else pick_block(c, ctx.vw)
-    lanes = isa.lanes_for(b)
-    if not lanes:
-        return None
-    tg = -(-s // q)
-    zeff = effective_zp(isa, x.dtype, zx)
-    fill = tirx.const(zeff if isa.kind != "vnni" else zeff & 0xFF, isa.a_dtype)
-    hp = h + pt + pb
-
-    def pack(i, cb, yy, xo, t, ci, j):
-        tap = t * q + j
-        ix = xo * sw + tap * dw - pl
-        iy = yy - pt
-        ok = tirx.all(tap < s, iy >= 0, iy < h, ix >= 0, ix < wd)
-        v = _to_a(isa, x.at((i, cb * b + ci, tirx.min(tirx.max(iy, 0), h - 1),
-                             tirx.min(tirx.max(ix, 0), wd - 1))), x.dtype)
-        return tirx.if_then_else(ok, v, fill)
-    P = compute((n, c // b, hp, ow, tg, b, q), pack, name="pad")
-    wpad = np.zeros((c, r, tg * q), np.int64)
-    wpad[:, :, :s] = w.reshape(c, r, s)
-    wp = ctx.param(wpad.reshape(c // b, b, r, tg, q).transpose(0, 2, 3, 1, 4).astype(isa.b_dtype), "qw_dw_dot")
-    rh, rt, rj = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, tg), "rt"), te.reduce_axis((0, q), "rj")
-    acc = compute((n, c // b, oh, ow, b), lambda i, cb, y, xx, ci: te.sum(
-        cast(P[i, cb, y * sh + rh * dh, xx, rt, ci, rj], I32) * cast(wp[cb, rh, rt, ci, rj], I32),
-        axis=[rh, rt, rj]), name="conv")
-    ctx.schedule("depthwise_dot", reg_n=_reg_n(ow, ctx, b * ctx.vw // lanes), block=b, lanes=lanes,
-                 intrin=isa.intrin(lanes, per_lane=True))
-    return Buf(acc, out_shape, I32, b).at, zeff

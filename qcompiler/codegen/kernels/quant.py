@@ -17,7 +17,9 @@ Every kernel computes exactly the formulas of :mod:`qcompiler.ir.ops` / :mod:`qc
 
 Layouts are those of the float kernels (:mod:`.conv`): uint8/int8 activations NCHW{b}c, so the
 same hand schedules (``conv2d``, ``depthwise``, ``pool``, ``dense``) register-block and vectorize
-the int32 accumulators over output channels.
+the int32 accumulators over output channels. On x86 with AVX2 or VNNI, QLinearConv (depthwise
+excepted) and QLinearGemm accumulate on dot-product instructions instead (:mod:`.qdot`); the
+zero-point fold then uses the zero point of the operand as that kernel stores it.
 """
 from __future__ import annotations
 
@@ -72,8 +74,7 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     if len(s) == 1:
         s = s * n
     rnd = [(1 << (int(x) - 1)) if int(x) > 0 else 0 for x in s]
-    # m < 2^31 is stored as int32 and widened at use: LLVM then sees sext(i32) * sext(i32) and
-    # multiplies with vpmuldq (one uop) instead of a full 64-bit vpmullq (three)
+    # m < 2^31 is stored as int32 (half the constant) and widened to int64 at use
     fm = _channel_vec(ctx, m, I32, "rq_m")
     fs = _channel_vec(ctx, s, I64, "rq_s")
     fr = _channel_vec(ctx, rnd, I64, "rq_r")
@@ -90,8 +91,8 @@ def requant_fn(ctx, a, out_type, channels: int | None):
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
 def qconv2d(ctx, a, ins, outs):
-    """QLinearConv: the dot-product kernels of :mod:`.qdot` on x86 with AVX2/VNNI (depthwise convs
-    reduce over kernel taps there), else the blocked conv with int16 products."""
+    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI, else (and for
+    depthwise convs, see :mod:`.qdot`) the blocked conv with int16 products."""
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -102,11 +103,8 @@ def qconv2d(ctx, a, ins, outs):
     k, cg = w.shape[:2]
     isa = qdot.isa_of(ctx)
     depthwise = cg == 1 and k == a["group"] and k > 1
-    fast = None
-    if qdot.applicable(isa, x, w):
-        fast = (qdot.depthwise if depthwise else qdot.conv2d)(ctx, a, x, w, out_shape, zx, isa)
-    if fast is not None:
-        acc_at, zx = fast
+    if not depthwise and qdot.applicable(isa, x, w):
+        acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at

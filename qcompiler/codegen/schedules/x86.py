@@ -218,31 +218,6 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
         _pack_nest(sch, vw)
 
 
-def depthwise_dot(sch, vw, reg_n, lanes, intrin):
-    """int8 depthwise conv on the per-lane dot intrinsic: block "conv" has loops
-    (n, cb, y, x, c, rh, rt, rj) over the tap-packed activations "pad"."""
-    blk = sch.get_sblock("conv")
-    n, cb, y, x, c, rh, rt, rj = sch.get_loops(blk)
-    xo, xi = sch.split(x, [None, reg_n])
-    co, ci = sch.split(c, [None, lanes])
-    sch.reorder(n, cb, y, xo, rh, rt, xi, co, ci, rj)
-    par = sch.fuse(n, cb, y)
-    sch.parallel(par)
-    acc = sch.cache_write(blk, 0, "local")
-    sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
-    _write_back(sch, vw)
-    _vectorize_inner(sch, acc, 2)
-    sch.unroll(xi)
-    sch.unroll(co)
-    init = sch.decompose_reduction(blk, rh)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(ci, intrin)
-    p = sch.get_sblock("pad")
-    pl = sch.get_loops(p)
-    sch.parallel(sch.fuse(*pl[:3]))
-    sch.vectorize(sch.fuse(*pl[-2:]))
-
-
 def _pack_nest(sch, vw):
     """The activation packing stage "pad": parallel over its leading loops, inner loop vectorized."""
     p = sch.get_sblock("pad")
@@ -351,6 +326,5 @@ def generic(sch, vw, **_):
 
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
-         "dense": dense, "conv2d_dot": conv2d_dot, "dense_dot": dense_dot,
-         "depthwise_dot": depthwise_dot, "matmul": matmul,
+         "dense": dense, "conv2d_dot": conv2d_dot, "dense_dot": dense_dot, "matmul": matmul,
          "rowwise": rowwise, "generic": generic}
