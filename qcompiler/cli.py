@@ -63,6 +63,14 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                         "instead of the calibration source's next samples")
     q.add_argument("--keep-float", action="append", default=[], metavar="NAME|KIND",
                    help="keep these ops (by name or kind) in float (repeatable)")
+    q.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="cross-layer range equalization before quantizing (Nagel et al. 2019; runs "
+                        "relu6-to-relu and equalize, writes OUT/equalization.svg and .json); "
+                        "default: on with --per-tensor, off with per-channel weights")
+    q.add_argument("--bias-correction", default=None, choices=("none", "analytic", "empirical"),
+                   help="correct the mean output shift of the int8 weights: 'analytic' from the "
+                        "BatchNorm statistics (bias-correct pass, no data), 'empirical' from the "
+                        "calibration data (default when quantizing), or 'none'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,12 +202,18 @@ def quantize_options(graph, args):
                              batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
     return QuantizeOptions(method=args.calib_method, percentile=args.percentile, per_channel=not args.per_tensor,
                            calib=calib, keep_float=frozenset(args.keep_float), progress=not args.quiet,
-                           random_samples=min(args.calib_samples, 64))
+                           random_samples=min(args.calib_samples, 64),
+                           bias_correction=args.bias_correction in (None, "empirical"))
 
 
 def run_pipeline(graph, args, log):
     from .passes import PassContext, PassManager, parse_pipeline
+    from .quant.dfq import dfq_recipe, equalize_default
     pipeline = parse_pipeline(args.passes)
+    quantizing = "quantize" in pipeline
+    equalize = args.equalize if args.equalize is not None else quantizing and equalize_default(not args.per_tensor)
+    bias = args.bias_correction or ("empirical" if quantizing else "none")
+    pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
     ctx = PassContext(log=log)
     if "quantize" in pipeline:
         ctx.options["quantize"] = quantize_options(graph, args)
@@ -207,6 +221,11 @@ def run_pipeline(graph, args, log):
                      out=sys.stdout, ctx=ctx)
     pm.run(graph)
     return pm
+
+
+def _runs_passes(args) -> bool:
+    """inspect/convert run passes when given --passes, or a DFQ flag (then after the default ones)."""
+    return args.passes not in (None, "none") or bool(args.equalize) or args.bias_correction is not None
 
 
 def is_quantized(graph) -> bool:
@@ -227,7 +246,7 @@ def cmd_inspect(args, log) -> int:
     g = load_model(args)
     n0, b0 = g.param_count()
     before = g.op_histogram()
-    pm = run_pipeline(g, args, log) if args.passes not in (None, "none") else None
+    pm = run_pipeline(g, args, log) if _runs_passes(args) else None
     after = g.op_histogram()
     n1, b1 = g.param_count()
     if args.json:
@@ -270,7 +289,7 @@ def cmd_convert(args, log) -> int:
     if os.path.exists(args.output) and os.path.samefile(args.output, args.model):
         raise UserError("output would overwrite the input model", args.output, "choose another -o")
     g = load_model(args)
-    pm = run_pipeline(g, args, log) if args.passes not in (None, "none") else None
+    pm = run_pipeline(g, args, log) if _runs_passes(args) else None
     if is_quantized(g):
         from .quant.qdq_export import save_qdq
         save_qdq(g, args.output)        # standard QDQ ONNX that ONNX Runtime and TensorRT accept
@@ -331,6 +350,8 @@ def cmd_compile(args, log) -> int:
             done["report"] = report.with_library_size(rep, manifest["library"]["bytes"])
             return report.to_json(done["report"])
         extra[report.REPORT] = report_json
+    from .quant.dfq import artifact_files
+    extra.update(artifact_files(g.meta.get("equalize")))       # equalization.svg/.json when equalize ran
     out = write_artifact(g, spec, args.output, extra_files=extra)
     if "report" in done and not args.quiet:
         print(report.format_table(done["report"]), end="")

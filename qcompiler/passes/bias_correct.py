@@ -76,7 +76,8 @@ import numpy as np
 from ..ir.graph import Graph, Op
 from ..quant import qparams as qpm
 from ._common import full_attrs, pass_options
-from .equalize import CONVS, activation, bias_of, in_channel_index, is_layer, set_weights, weight_oc
+from .equalize import (CONVS, activation, bias_of, in_channel_index, is_layer, scaled_hardswish, set_weights,
+                       weight_oc)
 from .manager import PassContext, register_pass
 
 MEAN_KEEPING = ("Identity", "AveragePool", "GlobalAveragePool", "Flatten")
@@ -132,30 +133,71 @@ def _clip_bounds(kind: str, params) -> tuple[float, float] | None:
     return None
 
 
+def hardswish_normal_mean(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """E[hardswish(x)] for x ~ N(mu, sigma²) per channel: hardswish(x) = 0 below −3, x above 3 and
+    (x² + 3x)/6 between, so with a = (−3 − mu)/sigma, b = (3 − mu)/sigma and the partial moments
+    E[x; a<z<b] = mu·P + sigma·(φ(a) − φ(b)), E[x²; a<z<b] = (mu² + sigma²)·P + 2·mu·sigma·(φ(a) − φ(b))
+    + sigma²·(a·φ(a) − b·φ(b)), P = Φ(b) − Φ(a)::
+
+        E = (E[x²; ·] + 3·E[x; ·]) / 6 + mu·(1 − Φ(b)) + sigma·φ(b)
+    """
+    mu, sigma = np.asarray(mu, np.float64), np.abs(np.asarray(sigma, np.float64))
+    safe = np.where(sigma > 0, sigma, 1.0)
+    a, b = (-3.0 - mu) / safe, (3.0 - mu) / safe
+    pa, pb, fa, fb = _cdf(a).astype(np.float64), _cdf(b).astype(np.float64), _pdf(a), _pdf(b)
+    p, d = pb - pa, fa - fb
+    m1 = mu * p + safe * d
+    m2 = (mu * mu + safe * safe) * p + 2 * mu * safe * d + safe * safe * (a * fa - b * fb)
+    e = (m2 + 3 * m1) / 6 + mu * (1 - pb) + safe * fb
+    point = mu * np.clip(mu / 6 + 0.5, 0.0, 1.0)
+    return np.where(sigma > 0, e, point)
+
+
+def _producer_mean(graph: Graph, p: Op, lo: float, hi: float, scale: np.ndarray | None) -> np.ndarray | None:
+    """E[act(x)] clipped to [lo, hi] for the layer ``p`` with x ~ N(β, γ²) from its BN statistics;
+    ``scale``: p is followed by the rescaled HardSwish x·hsig(S·x) of equalize (mean E[hswish(Sx)]/S)."""
+    st = graph.meta.get("bn_stats", {}).get(p.name) if p is not None else None
+    if st is None or len(p.operands) > 3 or len(st["beta"]) != p.result.shape[1]:
+        return None
+    beta, gamma = np.asarray(st["beta"], np.float64), np.asarray(st["gamma"], np.float64)
+    act = activation(p)
+    if scale is not None or act == "HardSwish":
+        s = np.ones_like(beta) if scale is None else scale
+        if np.isfinite(lo) or np.isfinite(hi):
+            return None
+        return hardswish_normal_mean(beta * s, gamma * s) / s
+    b = _clip_bounds(act, p.attrs.get("activation_params", []))
+    if b is None:
+        return None
+    lo, hi = max(lo, b[0]), min(hi, b[1])     # clip∘clip = clip to the intersection (nested ranges)
+    return clipped_normal_mean(beta, gamma, lo, hi)
+
+
 def input_mean(graph: Graph, op2: Op) -> np.ndarray | None:
     """E[x] per channel of op2's data input from the producing layer's BN statistics, or None."""
     v = op2.operands[0]
     lo, hi = -np.inf, np.inf
     while v.producer is not None and not is_layer(v.producer):
         p = v.producer
+        if p.kind == "Mul" and len(p.operands) == 2:          # equalize's rescaled HardSwish?
+            for z in p.operands:
+                pat = scaled_hardswish(z) if z.producer is not None and is_layer(z.producer) else None
+                if pat is not None and pat[2] is p and activation(z.producer) == "":
+                    c = pat[0].operands[1] if pat[0].operands[0] is z else pat[0].operands[0]
+                    S = np.broadcast_to(c.data.astype(np.float64).reshape(-1), (z.shape[1],))
+                    return _producer_mean(graph, z.producer, lo, hi, S)
+            return None
         if p.kind in ("Relu", "Clip") and len(p.operands) == 1:
             a = full_attrs(p.kind, **p.attrs)
             b = _clip_bounds(p.kind, [a.get("min", -np.inf), a.get("max", np.inf)] if p.kind == "Clip" else [])
             lo, hi = max(lo, b[0]), min(hi, b[1])
-        elif p.kind == "Flatten" and all(d == 1 for d in p.operands[0].shape[2:]):
+        elif p.kind in ("Flatten", "Reshape") and all(d == 1 for d in p.operands[0].shape[2:]) \
+                and p.result.shape == p.operands[0].shape[:2]:
             pass
         elif p.kind not in MEAN_KEEPING:
             return None
         v = p.operands[0]
-    p = v.producer
-    st = graph.meta.get("bn_stats", {}).get(p.name) if p is not None else None
-    if st is None or len(p.operands) > 3 or len(st["beta"]) != p.result.shape[1]:
-        return None
-    b = _clip_bounds(activation(p), p.attrs.get("activation_params", []))
-    if b is None:
-        return None
-    lo, hi = max(lo, b[0]), min(hi, b[1])     # clip∘clip = clip to the intersection (nested ranges)
-    return clipped_normal_mean(np.asarray(st["beta"]), np.asarray(st["gamma"]), lo, hi)
+    return _producer_mean(graph, v.producer, lo, hi, None)
 
 
 def simulated_weight_error(op: Op, per_channel: bool) -> np.ndarray:

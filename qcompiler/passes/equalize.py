@@ -52,26 +52,28 @@ After::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ir.graph import Graph, Op, Value
-from ._common import full_attrs, pass_options, single_use
+from ._common import full_attrs, is_output, pass_options, single_use
 from .manager import PassContext, register_pass
 
 CONVS = ("Conv", "FusedConv")
 GEMMS = ("Gemm", "FusedGemm")
 SCALE_FREE_ACTS = ("", "Relu", "LeakyRelu")               # f(s·x) = s·f(x) for s > 0
 THROUGH = ("Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-           "Identity", "Flatten")
+           "Identity", "Flatten", "Reshape")
+HSWISH_ALPHA = 1.0 / 6.0                                  # HardSwish(x) = x · HardSigmoid(x; 1/6, 1/2)
 
 
 @dataclass(frozen=True)
 class EqualizeOptions:
     tol: float = 1e-3        # stop when every |s_i − 1| <= tol in a sweep
     max_iter: int = 50       # sweeps over all pairs
-    record: int = 4          # most imbalanced layers whose ranges go to graph.meta["equalize"]
+    residual: bool = False   # also equalize residual streams as one tensor (see _region; measured worse)
+    record: int | None = None  # most imbalanced layers whose ranges go to graph.meta["equalize"] (None: all)
 
 
 # ---- layers: weights viewed per channel (shared with absorb-bias and bias-correct) -----------------
@@ -174,12 +176,21 @@ def activation(op: Op) -> str:
     return op.attrs.get("activation", "") if op.kind.startswith("Fused") else ""
 
 
+def _flat_channels(op: Op) -> bool:
+    """A Flatten/Reshape of an (N, C, 1, …) map to (N, C): channels stay channels."""
+    shp = op.operands[0].shape
+    return len(shp) >= 2 and all(d == 1 for d in shp[2:]) and op.result.shape == shp[:2]
+
+
 def _through_ok(op: Op) -> bool:
-    if op.kind not in THROUGH or len(op.operands) != 1 or len(op.results) != 1:
+    if len(op.results) != 1:
         return False
-    if op.kind == "Flatten":                      # channels stay channels: (N, C, 1, 1) -> (N, C)
-        shp = op.operands[0].shape
-        return len(shp) >= 2 and all(d == 1 for d in shp[2:]) and op.result.shape == shp[:2]
+    if op.kind == "Reshape":                      # shape as attribute or constant operand
+        return all(v.is_const for v in op.operands[1:]) and _flat_channels(op)
+    if op.kind not in THROUGH or len(op.operands) != 1:
+        return False
+    if op.kind == "Flatten":
+        return _flat_channels(op)
     return True
 
 
@@ -202,8 +213,8 @@ def follow(op1: Op) -> tuple[Op, list[Op]] | None:
 
 
 def pairs(graph: Graph, acts: tuple[str, ...] = SCALE_FREE_ACTS) -> list[tuple[Op, Op, list[Op]]]:
-    """(first, second, between) for every chain where the first layer has no residual input and an
-    activation in ``acts``, and channel counts match."""
+    """(first, second, between) for every single-consumer chain where the first layer has no
+    residual input and an activation in ``acts``, and channel counts match (absorb-bias's chains)."""
     out = []
     for op1 in graph.ops:
         if not is_layer(op1) or len(op1.operands) > 3 or activation(op1) not in acts:
@@ -220,6 +231,135 @@ def pairs(graph: Graph, acts: tuple[str, ...] = SCALE_FREE_ACTS) -> list[tuple[O
     return out
 
 
+# ---- chains with fan-out and the rescaled HardSwish ---------------------------------------------------
+def _channel_vector(c: Value, channels: int, rank: int) -> bool:
+    """``c`` broadcasts against an (N, C, …) tensor of ``rank`` along the channel axis only."""
+    shp = (1,) * (rank - c.type.rank) + tuple(c.shape)
+    return c.type.rank <= rank and shp[1] == channels and all(d == 1 for i, d in enumerate(shp) if i != 1)
+
+
+def scaled_hardswish(z: Value) -> tuple[Op, Op, Op] | None:
+    """``(Mul(z, S), HardSigmoid, Mul(z, ·))`` when the only uses of ``z`` compute
+    ``z · hardsigmoid(S·z)`` (α = 1/6, β = 1/2) with a constant per-channel S: the form in which
+    this pass leaves a HardSwish it rescaled (S = 1 is HardSwish itself)."""
+    if len(z.uses) != 2 or is_output(z) or z.type.rank < 2:
+        return None
+    for m_s, _ in z.uses:
+        other = [v for v in m_s.operands if v is not z]
+        if m_s.kind != "Mul" or len(other) != 1 or not other[0].is_const or not single_use(m_s.result):
+            continue
+        if not _channel_vector(other[0], z.shape[1], z.type.rank):
+            continue
+        hs = m_s.result.uses[0][0]
+        a = full_attrs(hs.kind, **hs.attrs) if hs.kind == "HardSigmoid" else {}
+        if not a or abs(a["alpha"] - HSWISH_ALPHA) > 1e-6 or a["beta"] != 0.5 or not single_use(hs.result):
+            continue
+        m_o = hs.result.uses[0][0]
+        if m_o.kind == "Mul" and {id(v) for v in m_o.operands} == {id(z), id(hs.result)} \
+                and m_o.result.shape == z.shape:
+            return m_s, hs, m_o
+    return None
+
+
+@dataclass
+class Chain:
+    """Layers whose output channels (one shared scale per channel: ``producers``, the first one
+    ``first``; the others add a residual that is already in the group) reach ``consumers`` (at
+    their data input) only through ops that commute with a positive per-channel scale
+    (``between``)."""
+    first: Op
+    consumers: list[Op]
+    between: list[Op]
+    hardswish: str = ""            # "fused": the first layer's HardSwish; "scaled": x·hsig(S·x) after it
+    producers: list[Op] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.producers:
+            self.producers = [self.first]
+
+
+def _joins(op: Op) -> bool:
+    """A layer that adds a residual Z (FusedConv's 4th operand) under a scale-free activation: when
+    Z is scaled per channel, scaling its weights and bias the same way scales its output."""
+    return is_layer(op) and len(op.operands) == 4 and activation(op) in SCALE_FREE_ACTS
+
+
+def _starts(op: Op | None) -> bool:
+    """A layer that can head a chain: no residual input, a scale-free activation."""
+    return op is not None and is_layer(op) and len(op.operands) <= 3 and activation(op) in SCALE_FREE_ACTS
+
+
+def _region(first: Op, start: Value, channels: int, residual: bool = False
+            ) -> tuple[list[Op], list[Op], list[Op]] | None:
+    """(producers, consumers, between) of the values reachable from ``start`` through ops that
+    commute with a per-channel scale: pooling, Relu, Identity, a flattening of a 1×1 map, Mul by
+    anything that does not itself depend on ``start`` (an SE gate), and residual additions — a
+    layer whose residual input Z is in the region, or an Add of two region values, joins it (its
+    weights are scaled like the first layer's: the residual stream is equalized as one tensor).
+    None when a value leaves the graph or meets anything else."""
+    producers, consumers, between = [first], [], []
+    inside, todo = {id(start)}, [start]
+    while todo:
+        v = todo.pop()
+        if is_output(v) or not v.uses:
+            return None
+        for user, slot in v.uses:
+            if is_layer(user) and slot == 0:
+                if user not in consumers:
+                    consumers.append(user)
+                continue
+            if residual and is_layer(user) and slot == 3 and _joins(user):
+                if user.operands[0] is v or user.result.shape[1] != channels:
+                    return None
+                producers.append(user)
+            elif residual and user.kind == "Add" and len(user.operands) == 2 and user.result.shape == v.shape:
+                if user in between:               # reached through both operands
+                    continue
+                o = user.operands[1 - slot]
+                if id(o) not in inside and _starts(o.producer) and single_use(o):
+                    producers.append(o.producer)  # the other branch of a residual block
+                    inside.add(id(o))
+                between.append(user)
+            elif (slot == 0 and _through_ok(user)) or (user.kind == "Mul" and user.result.shape == v.shape):
+                if user.kind == "Mul" and id(user.result) in inside:      # Mul(h, h): scaled twice
+                    return None
+                between.append(user)
+            else:
+                return None
+            inside.add(id(user.result))
+            todo.append(user.result)
+    if any(op.kind == "Add" and not all(id(x) in inside for x in op.operands) for op in between):
+        return None                                # an Add needs both operands scaled alike
+    if not consumers or any(len(in_ranges(c)) != channels for c in consumers):
+        return None
+    if any(c in producers for c in consumers):
+        return None
+    return producers, consumers, between
+
+
+def chains(graph: Graph, residual: bool = False) -> list[Chain]:
+    """Every first layer (no residual input; activation none/ReLU/LeakyReLU, HardSwish, or the
+    rescaled HardSwish pattern) whose output channels reach only layers, through ops that commute
+    with per-channel scaling (residual additions included: see :func:`_region`)."""
+    out, taken = [], set()
+    for op1 in graph.ops:
+        if not is_layer(op1) or len(op1.operands) > 3:
+            continue
+        act, start, hsw = activation(op1), op1.result, ""
+        pattern = scaled_hardswish(op1.result) if act == "" else None
+        if act == "HardSwish":
+            hsw = "fused"
+        elif pattern is not None:
+            hsw, start = "scaled", pattern[2].result
+        elif act not in SCALE_FREE_ACTS:
+            continue
+        got = _region(op1, start, op1.result.shape[1], residual)
+        if got is not None and not any(p in taken for p in got[0]):
+            taken.update(got[0])
+            out.append(Chain(op1, got[1], list(pattern or ()) + got[2], hsw, got[0]))
+    return out
+
+
 # ---- the pass --------------------------------------------------------------------------------------
 def _scale_bn_stats(graph: Graph, name: str, s: np.ndarray) -> None:
     st = graph.meta.get("bn_stats", {}).get(name)
@@ -228,46 +368,93 @@ def _scale_bn_stats(graph: Graph, name: str, s: np.ndarray) -> None:
         st["beta"] = [float(b / a) for b, a in zip(st["beta"], s)]
 
 
-def equalize_pair(graph: Graph, op1: Op, op2: Op) -> np.ndarray:
-    """Equalize one pair in place; returns s."""
-    r1, r2 = out_ranges(op1), in_ranges(op2)
-    ok = (r1 > 0) & (r2 > 0)
-    s = np.where(ok, np.sqrt(np.where(ok, r1 * r2, 1.0)) / np.where(ok, r2, 1.0), 1.0)
-    w1 = weight_oc(op1) / s.reshape((-1,) + (1,) * (op1.operands[1].type.rank - 1))
-    set_weights(graph, op1, w1, bias_of(op1) / s if len(op1.operands) > 2 else None)
+def _scale_inputs(graph: Graph, op2: Op, s: np.ndarray) -> None:
     w2 = weight_oc(op2)
     idx = in_channel_index(op2, w2)
     set_weights(graph, op2, w2 * s[idx].reshape(idx.shape + (1,) * (w2.ndim - 2)))
-    _scale_bn_stats(graph, op1.name, s)
+
+
+def equalize_chain(graph: Graph, ch: Chain) -> np.ndarray:
+    """Equalize one chain in place (r1, r2 = the largest output/input-channel range over its
+    producers/consumers); returns s."""
+    r1 = np.max([out_ranges(p) for p in ch.producers], axis=0)
+    r2 = np.max([in_ranges(c) for c in ch.consumers], axis=0)
+    ok = (r1 > 0) & (r2 > 0)
+    s = np.where(ok, np.sqrt(np.where(ok, r1 * r2, 1.0)) / np.where(ok, r2, 1.0), 1.0)
+    for op1 in ch.producers:
+        w1 = weight_oc(op1) / s.reshape((-1,) + (1,) * (op1.operands[1].type.rank - 1))
+        set_weights(graph, op1, w1, bias_of(op1) / s if len(op1.operands) > 2 else None)
+        _scale_bn_stats(graph, op1.name, s)
+    for c in ch.consumers:
+        _scale_inputs(graph, c, s)
     return s
+
+
+def equalize_pair(graph: Graph, op1: Op, op2: Op) -> np.ndarray:
+    """Equalize one single-consumer pair in place; returns s."""
+    return equalize_chain(graph, Chain(op1, [op2], []))
+
+
+def rescale_hardswish(graph: Graph, op1: Op, S: np.ndarray) -> None:
+    """Give ``op1`` (HardSwish fused, or followed by x·hsig(S₀·x)) the activation x·hsig(S·S₀·x),
+    which is HardSwish of the unscaled pre-activation divided by S·S₀."""
+    z, shape = op1.result, (1, len(S)) + (1,) * (op1.result.type.rank - 2)
+    pattern = scaled_hardswish(z) if activation(op1) == "" else None
+    if pattern is not None:
+        m_s = pattern[0]
+        i = 1 if m_s.operands[0] is z else 0
+        old = m_s.operands[i]
+        total = (np.broadcast_to(old.data.astype(np.float64).reshape(-1), (len(S),)) * S).reshape(shape)
+        m_s.set_operand(i, _new_const(graph, old, total.astype(np.float32), "_eq"))
+        return
+    uses, name = list(z.uses), z.name
+    op1.attrs["activation"], op1.attrs["activation_params"] = "", []
+    graph.rename(z, graph.unique_name(name + "_pre"))
+    scale = graph.add_const(S.reshape(shape).astype(np.float32), op1.name + "_hswish_scale")
+    m_s = graph.create_op("Mul", [z, scale], name=op1.name + "_hswish_scale", after=op1)
+    hs = graph.create_op("HardSigmoid", [m_s.result], {"alpha": HSWISH_ALPHA, "beta": 0.5},
+                         name=op1.name + "_hswish_gate", after=m_s)
+    out = graph.create_op("Mul", [z, hs.result], name=op1.name + "_hswish", result_names=[name], after=hs)
+    for user, slot in uses:
+        user.set_operand(slot, out.result)
 
 
 @register_pass("equalize", options=EqualizeOptions)
 def equalize(graph: Graph, ctx: PassContext) -> bool:
     """Cross-layer range equalization of layer pairs joined by ReLU/pooling (Nagel et al. 2019)."""
     opts = pass_options(ctx, "equalize", EqualizeOptions)
-    chain = pairs(graph)
-    if not chain:
+    found = chains(graph, opts.residual)
+    if not found:
         return False
-    firsts = {op1.name: out_ranges(op1) for op1, _, _ in chain}
+    firsts = {p.name: out_ranges(p) for ch in found for p in ch.producers}
+    cum = {ch.first.name: np.ones(ch.first.result.shape[1]) for ch in found if ch.hardswish}
     sweeps = 0
     for sweeps in range(1, opts.max_iter + 1):
         worst = 0.0
-        for op1, op2, _ in chain:
-            s = equalize_pair(graph, op1, op2)
+        for ch in found:
+            s = equalize_chain(graph, ch)
+            if ch.hardswish:
+                cum[ch.first.name] *= s
             worst = max(worst, float(np.max(np.abs(s - 1.0))))
         if worst <= opts.tol:
             break
+    rescaled = []
+    for ch in found:
+        if ch.hardswish and np.max(np.abs(cum[ch.first.name] - 1.0)) > 1e-6:
+            rescale_hardswish(graph, ch.first, cum[ch.first.name])
+            rescaled.append(ch.first.name)
     graph.remove_unused_consts()
 
     def imbalance(r):
         pos = r[r > 0]
         return float(pos.max() / pos.min()) if len(pos) else 1.0
     top = sorted(firsts, key=lambda n: -imbalance(firsts[n]))[:opts.record]
-    by_name = {op1.name: op1 for op1, _, _ in chain}
+    by_name = {p.name: p for ch in found for p in ch.producers}
     graph.meta["equalize"] = {
-        "pairs": [[a.name, b.name] for a, b, _ in chain], "sweeps": sweeps,
+        "pairs": [[p.name, c.name] for ch in found for p in ch.producers for c in ch.consumers],
+        "sweeps": sweeps,
+        "hardswish": rescaled,
         "layers": {n: {"before": [float(x) for x in firsts[n]],
                        "after": [float(x) for x in out_ranges(by_name[n])]} for n in top}}
-    ctx.log(f"equalize: {len(chain)} pairs, {sweeps} sweeps")
+    ctx.log(f"equalize: {len(found)} chains, {sweeps} sweeps, {len(rescaled)} HardSwish rescaled")
     return True

@@ -96,3 +96,13 @@ def test_empirical_variant_removes_the_mean_output_shift_exactly():
     c2.set_operand(1, g.add_const(qpm.fake_quantize(w2, qp), "w2_fq"))
     got = np.mean([reference.run(g, f)[0] for f in calib], axis=0).mean(axis=(0, 2, 3))
     np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+def test_hardswish_normal_mean_matches_sampling():
+    """E[hardswish(x)], x ~ N(μ, σ²), from the partial moments of the normal (used for the inputs of
+    layers after a HardSwish, fused or rescaled by equalize) against 400k samples."""
+    from qcompiler.passes.bias_correct import hardswish_normal_mean
+    mu, sigma = np.array([-4.0, -1.0, 0.0, 1.0, 2.5, 5.0, 1.0]), np.array([1.0, 2.0, 0.5, 3.0, 1.0, 0.1, 0.0])
+    x = mu + sigma * np.random.default_rng(0).standard_normal((400_000, 1))
+    mc = (x * np.clip(x / 6 + 0.5, 0, 1)).mean(axis=0)
+    np.testing.assert_allclose(hardswish_normal_mean(mu, sigma), mc, atol=0.01)

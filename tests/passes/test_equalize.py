@@ -119,7 +119,7 @@ def test_depthwise_separable_chain(pool):
 def test_skips_clip_residual_and_fanout():
     w1, b1, w2 = imbalanced()
     unchanged(two_conv(w1, b1, w2, act='activation = "Clip", activation_params = [0.0, 6.0]'), "equalize")
-    unchanged(two_conv(w1, b1, w2, act='activation = "HardSwish", activation_params = []'), "equalize")
+    unchanged(two_conv(w1, b1, w2, act='activation = "Sigmoid", activation_params = []'), "equalize")
     # a residual input Z on the first layer
     text = two_conv(w1, b1, w2, extra=", %z: tensor<1x4x5x5xf32>").replace("%x, %w1, %b1)", "%x, %w1, %b1, %z)")
     unchanged(text, "equalize")
@@ -140,3 +140,112 @@ def test_docstring_examples(module, name, meta):
     g.meta.update(meta)
     ctx = PassContext(options={"bias-correct": BiasCorrectOptions(per_channel=False)})
     assert_ir(run_ir(g, name, ctx), example(doc, "After"))
+
+
+def test_hardswish_rescaled_exactly():
+    """HardSwish(y)/S = z·hsig(S·z) with z = y/S: the chain is equalized and the activation becomes
+    Mul(z, S) -> HardSigmoid(1/6, 1/2) -> Mul(z, ·); a second run updates S in place."""
+    w1, b1, w2 = imbalanced(3)
+    g = parse_graph(two_conv(w1, b1, w2, act='activation = "HardSwish", activation_params = []'))
+    feeds = {"x": (3 * np.random.default_rng(1).standard_normal((1, 3, 5, 5))).astype(np.float32)}
+    ref = ort_outputs(g, feeds)
+    before = out_ranges(g.ops[0])
+    run_ir(g, "equalize")
+    kinds = [op.kind for op in g.ops]
+    assert kinds == ["FusedConv", "Mul", "HardSigmoid", "Mul", "Conv"] and g.ops[0].attrs["activation"] == ""
+    assert g.meta["equalize"]["hardswish"] == ["c1"]
+    after = {op.name: op for op in g.ops}
+    np.testing.assert_allclose(out_ranges(after["c1"]), in_ranges(after["c2"]), rtol=2e-3)
+    scale = g.ops[1].operands[1].data.reshape(-1)
+    np.testing.assert_allclose(scale, before / out_ranges(after["c1"]), rtol=1e-5)   # S = the total s
+    got = ort_outputs(g, feeds)
+    assert np.abs(got[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+    # the rescaled form is recognised: scaling c1 by 2 and c2 by 1/2 is undone by a second run
+    w = after["c1"].operands[1].data
+    from qcompiler.passes.equalize import set_weights, weight_oc
+    set_weights(g, after["c1"], w * 2.0, after["c1"].operands[2].data * 2.0, suffix="_x2")
+    g.ops[1].operands[1].data = (scale / 2.0).reshape(g.ops[1].operands[1].shape).astype(np.float32)
+    set_weights(g, after["c2"], weight_oc(after["c2"]) / 2.0, suffix="_x2")
+    assert np.abs(ort_outputs(g, feeds)[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+    run_ir(g, "equalize")
+    assert [op.kind for op in g.ops] == kinds
+    np.testing.assert_allclose(g.ops[1].operands[1].data.reshape(-1), scale, rtol=1e-4)
+    assert np.abs(ort_outputs(g, feeds)[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+
+
+SE_BLOCK = """graph @g(%x: tensor<1x3x6x6xf32>) {{
+  %we = const {we} : tensor<8x3x1x1xf32>
+  %wd = const {wd} : tensor<8x1x3x3xf32>
+  %bd = const {bd} : tensor<8xf32>
+  %ws1 = const {ws1} : tensor<2x8x1x1xf32>
+  %ws2 = const {ws2} : tensor<8x2x1x1xf32>
+  %wp = const {wp} : tensor<4x8x1x1xf32>
+  %e = FusedConv(%x, %we) {{activation = "HardSwish", activation_params = [], {c1}}} : tensor<1x8x6x6xf32> loc("expand")
+  %d = FusedConv(%e, %wd, %bd) {{activation = "HardSwish", activation_params = [], {c3}}} : tensor<1x8x6x6xf32> loc("dw")
+  %p = GlobalAveragePool(%d) : tensor<1x8x1x1xf32>
+  %s1 = FusedConv(%p, %ws1) {{activation = "Relu", activation_params = [], {c1}}} : tensor<1x2x1x1xf32> loc("se1")
+  %s2 = FusedConv(%s1, %ws2) {{activation = "HardSigmoid", activation_params = [0.2, 0.5], {c1}}} : tensor<1x8x1x1xf32> loc("se2")
+  %m = Mul(%d, %s2) : tensor<1x8x6x6xf32>
+  %y = Conv(%m, %wp) {{{c1}}} : tensor<1x4x6x6xf32> loc("project")
+  return %y
+}}"""
+
+
+def test_squeeze_excite_fanout_and_hardswish_chains():
+    """MobileNetV3 block: expand (HardSwish) -> depthwise (HardSwish) -> {SE via GlobalAveragePool,
+    project via the gate Mul}: the depthwise output fans out to two layers that both take the scale."""
+    rng = np.random.default_rng(4)
+    big = np.where(np.arange(8) % 3 == 0, 30.0, 1.0)
+    arrs = dict(we=rng.standard_normal((8, 3, 1, 1)), wd=rng.standard_normal((8, 1, 3, 3)) * big[:, None, None, None],
+                bd=rng.standard_normal(8), ws1=rng.standard_normal((2, 8, 1, 1)),
+                ws2=rng.standard_normal((8, 2, 1, 1)), wp=rng.standard_normal((4, 8, 1, 1)) / big[None, :, None, None])
+    text = SE_BLOCK.format(**{k: fmt_dense(v.astype(np.float32)) for k, v in arrs.items()},
+                           c1=CONV.format(g=1, p=0), c3=CONV.format(g=8, p=1))
+    g = parse_graph(text)
+    feeds = {"x": (2 * rng.standard_normal((1, 3, 6, 6))).astype(np.float32)}
+    ref = ort_outputs(g, feeds)
+    dw0 = out_ranges([op for op in g.ops if op.name == "dw"][0])
+    run_ir(g, "equalize")
+    meta = g.meta["equalize"]
+    assert sorted(map(tuple, meta["pairs"])) == sorted([("expand", "dw"), ("dw", "se1"), ("dw", "project"),
+                                                        ("se1", "se2")])
+    assert meta["hardswish"] == ["expand", "dw"]
+    dw1 = out_ranges([op for op in g.ops if op.name == "dw"][0])
+    assert dw1.max() / dw1.min() < dw0.max() / dw0.min() / 5
+    got = ort_outputs(g, feeds)
+    assert np.abs(got[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+
+
+def test_residual_stream_option():
+    """EqualizeOptions(residual=True): a residual stream (producer + the layer adding it back through
+    its Z input) takes one shared scale; off by default (measured worse on the real models)."""
+    from qcompiler.passes import PassContext
+    from qcompiler.passes.equalize import EqualizeOptions
+    rng = np.random.default_rng(5)
+    big = np.array([20.0, 1.0, 0.05, 1.0])
+    w = {k: fmt_dense(v.astype(np.float32)) for k, v in dict(
+        wa=rng.standard_normal((4, 3, 1, 1)) * big[:, None, None, None], wb=rng.standard_normal((6, 4, 1, 1)),
+        wc=rng.standard_normal((4, 6, 1, 1)) * big[:, None, None, None], wd=rng.standard_normal((2, 4, 1, 1))).items()}
+    c = CONV.format(g=1, p=0)
+    text = f"""graph @g(%x: tensor<1x3x4x4xf32>) {{
+  %wa = const {w["wa"]} : tensor<4x3x1x1xf32>
+  %wb = const {w["wb"]} : tensor<6x4x1x1xf32>
+  %wc = const {w["wc"]} : tensor<4x6x1x1xf32>
+  %wd = const {w["wd"]} : tensor<2x4x1x1xf32>
+  %a = Conv(%x, %wa) {{{c}}} : tensor<1x4x4x4xf32> loc("a")
+  %b = FusedConv(%a, %wb) {{{RELU}, {c}}} : tensor<1x6x4x4xf32> loc("b")
+  %r = FusedConv(%b, %wc) {{activation = "", activation_params = [], {c}}} : tensor<1x4x4x4xf32> loc("r")
+  %s = Add(%r, %a) : tensor<1x4x4x4xf32>
+  %y = Conv(%s, %wd) {{{c}}} : tensor<1x2x4x4xf32> loc("d")
+  return %y
+}}"""
+    unchanged_pairs = run_ir(text, "equalize").meta["equalize"]["pairs"]
+    assert ["a", "d"] not in unchanged_pairs
+    g = parse_graph(text)
+    feeds = {"x": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    ref = ort_outputs(g, feeds)
+    run_ir(g, "equalize", PassContext(options={"equalize": EqualizeOptions(residual=True)}))
+    pairs = g.meta["equalize"]["pairs"]
+    assert ["a", "b"] in pairs and ["r", "d"] in pairs and ["a", "d"] in pairs
+    got = ort_outputs(g, feeds)
+    assert np.abs(got[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
