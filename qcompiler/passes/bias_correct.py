@@ -19,6 +19,9 @@ pre-activation output is taken as N(β, γ²) per channel, and the activation cl
 
     E[clip(x, a, b)] = a·Φ(α) + β·(Φ(ϐ) − Φ(α)) + γ·(φ(α) − φ(ϐ)) + b·(1 − Φ(ϐ))
 
+A HardSwish producer (fused, or in the rescaled form x·hsig(S·x) that ``equalize`` leaves, whose
+mean is E[hardswish(S·x)]/S) uses the closed form of :func:`hardswish_normal_mean`.
+
 Between producer and consumer only ops that keep channel means are allowed: Relu/Clip (folded
 into the clipping above), Identity, AveragePool/GlobalAveragePool, a Flatten of a 1×1 map.
 Layers whose input has no such statistics (the first layer, after a residual add, after MaxPool)
