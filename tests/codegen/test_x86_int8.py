@@ -229,6 +229,25 @@ def test_plain_ops_on_quantized_values_bit_exact():
 
 
 
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_float_island_lookup_table_bit_exact(storage):
+    """conv -> DequantizeLinear -> HardSwish / Sigmoid·2 -> QuantizeLinear fuses into the conv as a
+    256-entry table computed by the oracle: equal to the oracle on every value."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((2, 16, 7, 9), storage, ACT[storage]))
+    y = add_qconv(g, x, 16, (3, 3), p=(1, 1, 1, 1))
+    outs = []
+    for kinds, qp in (((("HardSwish", None),), QuantParams(storage, (0.031,), (7,))),
+                      ((("Sigmoid", None), ("Mul", 2.0)), QuantParams(storage, (0.009,), (-100 if storage == "int8" else 2,)))):
+        f = g.create_op("DequantizeLinear", [y]).result
+        for kind, c in kinds:
+            ops = [f] if c is None else [f, g.add_const(np.float32(c), "c")]
+            f = g.create_op(kind, ops).result
+        outs.append(g.create_op("QuantizeLinear", [f], result_types=[TensorType(f.type.shape, storage, qp)]).result)
+    g.outputs = outs
+    check_exact(g, {"x": qin(ACT[storage], (2, 16, 7, 9))}, f"lookup {storage}")
+
 # ---- the dot-product paths (qcompiler/codegen/kernels/qdot.py), each ISA forced by LLVM features ----
 def _cpu_flags() -> set[str]:
     try:

@@ -29,6 +29,7 @@ from tvm import te, tirx
 from ...ir.types import INT_RANGES
 from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
+from . import elementwise as kelem
 from . import qdot
 from .conv import _attrs2d, conv2d_accumulate, pick_block
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
@@ -249,6 +250,9 @@ def _per_axis(ctx, qp, rank):
 def quantize_linear(ctx, a, ins, outs):
     (x,) = ins
     qp = outs[0].quant
+    lut = _lookup_chain(ctx, qp)
+    if lut is not None:
+        return [lut]
     lo, hi = INT_RANGES[qp.storage]
     fsc, fzp = _per_axis(ctx, qp, x.rank)
 
@@ -260,9 +264,55 @@ def quantize_linear(ctx, a, ins, outs):
     return [Lazy(x.shape, outs[0].dtype, fn)]
 
 
+# float islands between integers: DequantizeLinear -> unary float ops -> QuantizeLinear
+_LUT_KINDS = frozenset(kelem.UNARY) | {"Add", "Sub", "Mul", "Div"}
+
+
+def _lookup_chain(ctx, qp):
+    """QuantizeLinear(f(DequantizeLinear(q))) with f a chain of element-wise float ops (HardSwish,
+    Sigmoid, ...; other operands scalar constants) and q a per-tensor 8-bit value built in this
+    kernel: the stored output depends only on q's 256 values, so it is a table lookup. The table is
+    computed at compile time by the oracle itself (:func:`qcompiler.quant.reference.evaluate_op`
+    on all 256 values), as TFLite and ONNX Runtime do for int8 activations. Returns the Lazy
+    result, or None when the pattern does not apply."""
+    chain, v = [], ctx.op.operands[0]
+    while v.producer is not None and v.producer.kind != "DequantizeLinear":
+        p = v.producer
+        if (p.kind not in _LUT_KINDS or len(p.results) != 1 or p.operands[0] is None
+                or any(not (o.is_const and o.data.size == 1) for o in p.operands[1:])):
+            return None
+        chain.append(p)
+        v = p.operands[0]
+    dq = v.producer
+    src = getattr(ctx, "qsources", {}).get(id(v))
+    qin = dq.operands[0].type.quant if dq is not None else None
+    if (src is None or qin is None or len(qin.scale) != 1 or qin.storage not in ("uint8", "int8")
+            or len(qp.scale) != 1 or qp.storage not in ("uint8", "int8")):
+        return None
+    from ...quant import reference
+    lo, hi = INT_RANGES[qin.storage]
+    vals = np.arange(lo, hi + 1).astype(qin.storage)
+    shape = tuple(v.shape) or (1,)
+    size = int(np.prod(shape))
+    table = []
+    for start in range(0, vals.size, size):           # a value smaller than 256 elements: in rounds
+        chunk = vals[start:start + size]
+        y = reference.evaluate_op(dq, [np.resize(chunk, shape)])[0]
+        for op in reversed(chain):
+            y = reference.evaluate_op(op, [y] + [o.data for o in op.operands[1:]])[0]
+        y = reference.evaluate_op(ctx.op, [y])[0]
+        table.append(np.asarray(y).reshape(-1)[:chunk.size])
+    tab = ctx.param(np.concatenate(table).astype(np.int32), "lut")
+    off = tirx.const(-lo, I32)
+    return Lazy(src.shape, ctx.op.result.type.dtype, lambda idx: tab[cast(src.at(idx), I32) + off])
+
+
 def dequantize_linear(ctx, a, ins, outs):
     (x,) = ins
     qp = ctx.op.operands[0].type.quant
+    if not hasattr(ctx, "qsources"):
+        ctx.qsources = {}
+    ctx.qsources[id(ctx.op.result)] = x
     fsc, fzp = _per_axis(ctx, qp, x.rank)
     return [Lazy(x.shape, outs[0].dtype,
                  lambda idx: cast(cast(x.at(idx), I32) - fzp(idx), F32) * fsc(idx))]
