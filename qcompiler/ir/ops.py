@@ -419,6 +419,7 @@ register_op("FusedGemm", _fused_gemm, {"alpha": 1.0, "beta": 1.0, "transA": 0, "
 #   QLinearGemm(aq, wq[, bq])   acc = sum_k (aq[i,k] - z_a) * wq[j,k] + bq[j]   output channel or one
 #                               (wq is N x K: weight rows are output channels, like Gemm transB=1)
 #   QLinearAdd(aq, bq)          q = clamp(z_out + rrs((aq-z_a)*m_a + (bq-z_b)*m_b, s)), multiplier [m_a, m_b], shift [s]
+#   QLinearMul(aq, bq)          acc = (aq - z_a) * (bq - z_b) (numpy broadcasting), M = s_a * s_b / s_out
 #   QLinearGlobalAveragePool(xq), QLinearAveragePool(xq)   acc = window sum of (xq - z_x), M = s_x / (s_out * count)
 #   Requantize(q)               acc = q - z_in, M = s_in / s_out
 # ``activation`` "" | "Relu" | "Clip" (with ``activation_params`` [min, max]) narrows the clamp range
@@ -506,6 +507,15 @@ def _qlinear_add(ts, a):
     return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), ts[0].dtype)]
 
 
+def _qlinear_mul(ts, a):
+    for i, t in enumerate(ts):
+        _quant_operand("QLinearMul", t, f"operand {i}")
+    _requant_attrs("QLinearMul", a, 0)
+    if len(a["multiplier"]) != 1 or len(a["shift"]) != 1:
+        raise InferError("QLinearMul takes one multiplier and one shift (M = s_a s_b / s_out)")
+    return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), ts[0].dtype)]
+
+
 def _qlinear_pool(kind, base):
     def infer(ts, a):
         _quant_operand(kind, ts[0], "input")
@@ -536,6 +546,8 @@ register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ}, (2, 3), quantized_res
             doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization")
 register_op("QLinearAdd", _qlinear_add, {**_ACT, **_RQ}, (2, 2), quantized_result=True,
             doc="both operands rescaled to the output scale with one shared shift")
+register_op("QLinearMul", _qlinear_mul, {**_ACT, **_RQ}, (2, 2), quantized_result=True,
+            doc="integer product (aq - z_a)(bq - z_b), broadcasting, requantized by M = s_a s_b / s_out")
 register_op("QLinearGlobalAveragePool", _qlinear_pool("QLinearGlobalAveragePool", _global_pool), _RQ,
             quantized_result=True, doc="integer sum over the spatial axes, requantized")
 register_op("QLinearAveragePool", _qlinear_pool("QLinearAveragePool", _pool),

@@ -30,6 +30,10 @@ itself is not changed (unlike the ``bias-correct`` pass, whose helpers this reus
    Gemm, FusedGemm, MatMul with const W             QLinearGemm (2-D input, transA = 0, bias
                                                     with N elements; W stored N x K)
    Add                                              QLinearAdd, when an operand is quantized
+   Mul of two activations                           QLinearMul, when an operand is quantized (the
+                                                    other, e.g. a squeeze-excite gate from
+                                                    HardSigmoid, gets a QuantizeLinear);
+                                                    y_q = z_y + rrs((a_q-z_a)(b_q-z_b) m, s)
    Relu, Clip after a QLinear op (single use)       folded into its output clamp
    GlobalAveragePool / AveragePool                  QLinear... (input quantized; constant count)
    MaxPool, GlobalMaxPool, Reshape, Flatten,        the same op on the quantized value, with the
@@ -94,7 +98,7 @@ CONVS = ("Conv", "FusedConv")
 GEMMS = ("Gemm", "FusedGemm", "MatMul")
 KEEP_PARAMS = ("MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
                "Slice", "Pad", "Relu", "Clip", "Identity")
-QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearGemm", "QLinearAdd",
+QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearGemm", "QLinearAdd", "QLinearMul",
                "QLinearGlobalAveragePool", "QLinearAveragePool", "Requantize")
 
 
@@ -215,6 +219,12 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
                 role = "compute"
             else:
                 why = "no quantized operand"
+        elif op.kind == "Mul":
+            if (all(_is_float(v) and not v.is_const for v in op.operands)
+                    and any(v in quantized for v in op.operands)):
+                role = "compute"                        # the other operand (e.g. a gate) gets a Q
+            else:
+                why = "no quantized operand, or a constant factor"
         elif op.kind in ("GlobalAveragePool", "AveragePool"):
             a = {**REGISTRY[op.kind].defaults, **op.attrs}
             if x not in quantized:
@@ -251,7 +261,7 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
 def _foldable(p: _Plan, x: Value) -> bool:
     prod = x.producer
     return (prod is not None and p.role.get(prod) == "compute" and prod not in p.fold
-            and prod.kind in CONVS + GEMMS + ("Add",) and not prod.attrs.get("activation")
+            and prod.kind in CONVS + GEMMS + ("Add", "Mul") and not prod.attrs.get("activation")
             and single_use(x))
 
 
@@ -385,6 +395,13 @@ class _Rewriter:
             ms, s = quantize_multipliers([a.type.quant.scale[0] / qo.scale[0], b.type.quant.scale[0] / qo.scale[0]])
             kind, operands = "QLinearAdd", [a, b]
             attrs = {"activation": act, "activation_params": params, "multiplier": ms, "shift": [s]}
+            info["inputs"] = [_summary(a.type.quant), _summary(b.type.quant)]
+        elif op.kind == "Mul":                                  # y = a b: M = s_a s_b / s_y
+            a, b = (self.qval(v, op) for v in op.operands)
+            sa, sb = (float(np.float32(v.type.quant.scale[0])) for v in (a, b))
+            m, s = quantize_multiplier(sa * sb / float(np.float32(qo.scale[0])))
+            kind, operands = "QLinearMul", [a, b]
+            attrs = {"activation": act, "activation_params": params, "multiplier": [m], "shift": [s]}
             info["inputs"] = [_summary(a.type.quant), _summary(b.type.quant)]
         else:                                                   # GlobalAveragePool, AveragePool
             x = self.qval(op.operands[0], op)

@@ -10,6 +10,7 @@ from the ONNX model under the same name)::
     QLinearConv(xq, wq, bq) {Relu}   ->  DQ(xq), DQ(wq, axis 0), DQ(bq int32, axis 0) -> Conv -> Relu -> Q
     QLinearGemm(aq, wq, bq)          ->  DQ ... -> Gemm(transB = 1) -> Q
     QLinearAdd(aq, bq) {Relu}        ->  DQ, DQ -> Add -> Relu -> Q
+    QLinearMul(aq, bq) {Relu}        ->  DQ, DQ -> Mul -> Relu -> Q
     QLinear(Global)AveragePool(xq)   ->  DQ -> (Global)AveragePool -> Q
     Requantize(q)                    ->  DQ -> Q
     Relu/Clip/Pad/GlobalMaxPool      ->  DQ -> op -> Q     (on quantized values; ONNX has no uint8 form)
@@ -38,6 +39,7 @@ from ..passes._common import make_activation
 from .qparams import dequantize
 
 _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearAdd": "Add",
+               "QLinearMul": "Mul",
                "QLinearGlobalAveragePool": "GlobalAveragePool", "QLinearAveragePool": "AveragePool",
                "Requantize": None, "Relu": "Relu", "Clip": "Clip", "Pad": "Pad", "GlobalMaxPool": "GlobalMaxPool"}
 _DROP = ("multiplier", "shift")
@@ -83,7 +85,7 @@ def _expand(g: Graph, op: Op, float_bias: bool) -> None:
         act, params = "", []
         if kind == "FusedGemm":
             attrs.update(alpha=1.0, beta=1.0, transA=0, transB=1)
-        elif kind == "Add":
+        elif kind in ("Add", "Mul"):
             act, params = attrs.pop("activation", ""), attrs.pop("activation_params", [])
         attrs = {**REGISTRY[kind].defaults, **attrs}
         y = g.create_op(kind, xs, attrs, name=f"{name}/float", result_names=[rname + "_float"], before=op).result

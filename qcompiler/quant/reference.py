@@ -5,6 +5,7 @@ Integer ops compute exactly what the int8 kernels must compute, bit for bit (see
 
     QLinearConv  acc = Σ (xq - z_x) * wq + bq        (padding contributes real 0: xq = z_x)
                  q   = clamp(z_out + rrs(acc * m[c], s[c]), lo, hi)
+                 (activation HardSwish: the integer epilogue of :mod:`.hardswish` instead)
 
 Accumulators are formed with float64 matrix products of integers (|products| < 2^15, sums far
 below 2^53, so exact, and BLAS-fast) and checked to fit int32. Float ops (those the quantizer
@@ -29,6 +30,7 @@ from ..ir.graph import Graph, Op
 from ..ir.interp import KERNELS as FLOAT_KERNELS, EvalError, registrar
 from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, np_dtype
+from . import hardswish
 from .qparams import dequantize, quantize
 from .requant import activation_clamp, requantize
 
@@ -167,11 +169,17 @@ def _acc_int32(acc: np.ndarray, op: Op) -> np.ndarray:
 
 def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1) -> np.ndarray:
     qp = op.result.type.quant
+
+    def per_channel(v):
+        v = np.asarray(v, np.int64)
+        if channel_axis is None or v.size == 1:
+            return v.reshape(())
+        return _channel(v, acc.ndim, channel_axis)
+    m, s = per_channel(a["multiplier"]), per_channel(a["shift"])
+    if a.get("activation") == "HardSwish":          # fused integer HardSwish (qcompiler.quant.hardswish)
+        lo, hi = INT_RANGES[qp.storage]
+        return hardswish.requantize(acc, m, s, [per_channel(v) for v in a["hardswish"]], qp.zero_point[0], lo, hi)
     lo, hi = activation_clamp(a.get("activation", ""), a.get("activation_params") or [], qp)
-    m, s = np.asarray(a["multiplier"], np.int64), np.asarray(a["shift"], np.int64)
-    if channel_axis is not None:
-        m = _channel(m, acc.ndim, channel_axis) if m.size > 1 else m.reshape(())
-        s = _channel(s, acc.ndim, channel_axis) if s.size > 1 else s.reshape(())
     return requantize(acc, m, s, qp.zero_point[0], lo, hi)
 
 
@@ -233,6 +241,15 @@ def _qadd(op, xs, a):
     qp = op.result.type.quant
     lo, hi = activation_clamp(a["activation"], a["activation_params"] or [], qp)
     return [requantize(acc, 1, a["shift"][0], qp.zero_point[0], lo, hi)]
+
+
+@kernel("QLinearMul")
+def _qmul(op, xs, a):
+    """acc = (aq - z_a) * (bq - z_b) (|acc| <= 255^2), requantized by M = s_a s_b / s_out."""
+    acc = (xs[0].astype(np.int64) - _zp(op, 0)) * (xs[1].astype(np.int64) - _zp(op, 1))
+    qp = op.result.type.quant
+    lo, hi = activation_clamp(a["activation"], a["activation_params"] or [], qp)
+    return [requantize(acc, a["multiplier"][0], a["shift"][0], qp.zero_point[0], lo, hi)]
 
 
 @kernel("QLinearGlobalAveragePool")

@@ -175,6 +175,55 @@ def test_qlinearadd_broadcast_requantize_bit_exact(storage):
 
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("ashape, bshape", [((2, 8, 5, 7), (2, 8, 1, 1)), ((1, 16, 3, 9), (1, 16, 3, 9)),
+                                           ((1, 1, 4, 1), (2, 3, 1, 5))])
+def test_qlinearmul_broadcast_bit_exact(storage, ashape, bshape):
+    """QLinearMul q = clamp(z + rrs((a - z_a)(b - z_b) m, s)) with numpy broadcasting: the
+    squeeze-excite gate N x C x 1 x 1, equal shapes, and both operands broadcasting."""
+    g = Graph("q")
+    qa, qb = ACT[storage], QuantParams(storage, (0.004,), (-128,) if storage == "int8" else (0,))
+    a = g.add_input("a", TensorType(ashape, storage, qa))
+    b = g.add_input("b", TensorType(bshape, storage, qb))
+    qo = QuantParams(storage, (0.015,), (-9,) if storage == "int8" else (12,))
+    m, s = quantize_multiplier(qa.scale[0] * qb.scale[0] / qo.scale[0])
+    shape = tuple(np.broadcast_shapes(ashape, bshape))
+    y = g.create_op("QLinearMul", [a, b], {"multiplier": [m], "shift": [s]},
+                    result_types=[TensorType(shape, storage, qo)]).result
+    g.outputs = [y]
+    feeds = {"a": qin(qa, ashape), "b": qin(qb, bshape)}
+    check_exact(g, feeds, f"QLinearMul {storage} {ashape}*{bshape}")
+    # the oracle itself against the real-number formula: |error| <= 1/2 LSB + the multiplier's rounding
+    real = (feeds["a"].astype(np.float64) - qa.zero_point[0]) * qa.scale[0] * \
+        (feeds["b"].astype(np.float64) - qb.zero_point[0]) * qb.scale[0]
+    lo, hi = (-128, 127) if storage == "int8" else (0, 255)
+    want = np.clip(np.floor(real / qo.scale[0] + 0.5) + qo.zero_point[0], lo, hi)
+    assert np.abs(reference.run(g, feeds)[0].astype(np.float64) - want).max() <= 1
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_squeeze_excite_block_bit_exact(storage):
+    """conv (blocked NCHWc output) -> GAP -> 1x1 conv -> gate; QLinearMul(x, gate) -> conv: the
+    squeeze-excite block of MobileNetV3 on the integer kernels, the Mul between blocked layouts."""
+    g = Graph("q")
+    qx = ACT[storage]
+    x = g.add_input("x", TensorType((1, 16, 6, 10), storage, qx))
+    zq = -128 if storage == "int8" else 0
+    a = add_qconv(g, x, 16, (3, 3), group=16, p=(1, 1, 1, 1), act="Relu",
+                  out_qp=QuantParams(storage, (0.03,), (zq,)))
+    qg = QuantParams(storage, (0.01,), (zq,))
+    m1, s1 = quantize_multiplier(0.03 / (0.01 * 60))
+    gp = g.create_op("QLinearGlobalAveragePool", [a], {"multiplier": [m1], "shift": [s1]},
+                     result_types=[TensorType((1, 16, 1, 1), storage, qg)]).result
+    gate = add_qconv(g, gp, 16, (1, 1), out_qp=QuantParams(storage, (1 / 255,), (zq,)))
+    qm = QuantParams(storage, (0.02,), (zq + 3,))
+    m, s = quantize_multiplier(0.03 * (1 / 255) / 0.02)
+    y = g.create_op("QLinearMul", [a, gate], {"multiplier": [m], "shift": [s]},
+                    result_types=[TensorType(a.type.shape, storage, qm)]).result
+    g.outputs = [add_qconv(g, y, 24, (1, 1)), y]
+    check_exact(g, {"x": qin(qx, (1, 16, 6, 10))}, f"squeeze-excite {storage}")
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
 def test_qlinear_pools_bit_exact(storage):
     g = Graph("q")
     qx = ACT[storage]

@@ -119,6 +119,53 @@ def test_reference_close_to_float_and_equal_to_onnxruntime_qdq():
     assert np.abs(ort_out - got).max() <= 0.03 * 1.01          # within 1 LSB of the logits, after Softmax
 
 
+SE = """graph @g(%x: tensor<1x2x3x4xf32>) {
+  %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
+  %y = FusedConv(%x, %w) {activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x3x4xf32> loc("conv")
+  %p = GlobalAveragePool(%y) : tensor<1x2x1x1xf32> loc("gap")
+  %g = HardSigmoid(%p) {alpha = 0.2, beta = 0.5} : tensor<1x2x1x1xf32> loc("gate")
+  %m = Mul(%y, %g) : tensor<1x2x3x4xf32> loc("se")
+  %k = const dense<[0.5, -2.0]> : tensor<1x2x1x1xf32>
+  %c = Mul(%m, %k) : tensor<1x2x3x4xf32> loc("scale")
+  return %c
+}"""
+
+
+def test_squeeze_excite_mul_becomes_qlinearmul():
+    """Mul(x, HardSigmoid gate) -> QLinearMul: the float gate gets a QuantizeLinear (its range
+    [0.5, 0.7], widened to hold 0: 0.7/255 @ 0); M = s_y s_g / s_m = s_g (s_y = s_m = 4/255),
+    formed from the float32 scales: 0.7/255 = 1509133568 * 2^-39 (vs 1509133607 from the float64 0.7/255).
+    A Mul by a constant stays float. Text round trip, the oracle against float (within 1 LSB of the
+    output plus the gate's half step times |y|), and onnxruntime on the QDQ export (within 1 LSB)."""
+    ranges = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "p": (0.0, 2.0), "g": (0.5, 0.7), "m": (0.0, 4.0)}
+    g = quantize(SE, ranges=ranges)
+    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "QLinearGlobalAveragePool", "DequantizeLinear",
+                        "HardSigmoid", "QuantizeLinear", "QLinearMul", "DequantizeLinear", "Mul"]
+    mul = g.find_ops("QLinearMul")[0]
+    assert mul.name == "se" and [v.name for v in mul.operands] == ["y", "g_q"]
+    gq = mul.operands[1].type.quant
+    assert gq.zero_point == (0,) and gq.scale[0] == pytest.approx(0.7 / 255)   # asymmetric range keeps 0
+    assert mul.attrs["multiplier"] == [1509133568] and mul.attrs["shift"] == [39]
+    sy = float(np.float32(4 / 255))
+    assert mul.attrs["multiplier"][0] == round(sy * float(np.float32(gq.scale[0])) / sy * 2 ** 39)
+    assert g.meta["quant"]["layers"]["se"]["kind"] == "QLinearMul"
+    assert g.meta["quant"]["layers"]["scale"]["precision"] == "float"
+    text = print_graph(g)
+    again = parse_graph(text)
+    again.verify()
+    assert print_graph(again) == text
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (6, 2, 3, 4)).astype(np.float32)
+    want = reference.run(parse_graph(SE), {"x": x})[0]
+    got = reference.run(g, {"x": x})[0]
+    sm = mul.result.type.quant.scale[0]
+    assert np.abs(got - want).max() <= 2 * (sm + 4 * gq.scale[0] / 2)        # |k| <= 2
+    import onnxruntime as ort
+    sess = ort.InferenceSession(export_qdq(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    ort_out = np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(6)])
+    assert np.abs(ort_out - got).max() <= 2 * sm * 1.01
+
+
 RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
   %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
   %b = const dense<[0.5, -0.25]> : tensor<2xf32>
@@ -297,6 +344,8 @@ Q = "!quant.uniform<u8:f32, 0.1:128>"
      "QLinearAdd takes multiplier \\[m_a, m_b\\] and one shared shift"),
     (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = QLinearAdd(%q, %q) {{activation = \"Sigmoid\", multiplier = [1, 1], shift = [31]}} : tensor<4x{Q}>",
      "activation 'Sigmoid' cannot fold into the output clamp"),
+    (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = QLinearMul(%q, %q) {{multiplier = [1, 1], shift = [31]}} : tensor<4x{Q}>",
+     "QLinearMul takes one multiplier and one shift"),
     (f"%q = QuantizeLinear(%x) : tensor<4x{Q}>\n  %a = Requantize(%q) {{multiplier = [1], shift = [64]}} : tensor<4x{Q}>",
      "shifts in \\[0, 63\\]"),
 ])

@@ -1,4 +1,4 @@
-"""Integer (quantized) kernels: QLinearConv/Gemm/Add/pools, Requantize, Quantize/DequantizeLinear,
+"""Integer (quantized) kernels: QLinearConv/Gemm/Add/Mul/pools, Requantize, Quantize/DequantizeLinear,
 and the quantization-aware variants of plain ops (MaxPool, Relu/Clip, Pad) on stored integers.
 
 Every kernel computes exactly the formulas of :mod:`qcompiler.ir.ops` / :mod:`qcompiler.quant.reference`
@@ -332,6 +332,22 @@ def qadd(ctx, a, ins, outs):
     return [Lazy(shape, outs[0].dtype, fn)]
 
 
+def qmul(ctx, a, ins, outs):
+    """QLinearMul: ``rq((aq - z_a) * (bq - z_b))`` with numpy broadcasting (the squeeze-excite
+    gate N x C x 1 x 1 against N x C x H x W). The product is formed in int32 (|p| <= 255^2 < 2^17),
+    so the int64 requantization multiplies a sign-extended int32 by an int32 multiplier."""
+    A, B = ins
+    za, zb = tirx.const(_zp(ctx, 0), I32), tirx.const(_zp(ctx, 1), I32)
+    rq = requant_fn(ctx, a, outs[0], None)
+    shape = outs[0].shape
+
+    def fn(idx):
+        va = cast(A.at(broadcast_index(idx, A.shape)), I32) - za
+        vb = cast(B.at(broadcast_index(idx, B.shape)), I32) - zb
+        return rq(va * vb)
+    return [Lazy(shape, outs[0].dtype, fn)]
+
+
 def requantize(ctx, a, ins, outs):
     (x,) = ins
     z = tirx.const(_zp(ctx, 0), I32)
@@ -365,7 +381,7 @@ ANCHOR_BUILDERS = {
 }
 LAZY_BUILDERS = {
     "QuantizeLinear": quantize_linear, "DequantizeLinear": dequantize_linear,
-    "QLinearAdd": qadd, "Requantize": requantize,
+    "QLinearAdd": qadd, "QLinearMul": qmul, "Requantize": requantize,
 }
 ANCHORS = frozenset(ANCHOR_BUILDERS)
 ELEMENTWISE = frozenset(LAZY_BUILDERS)
