@@ -424,6 +424,10 @@ register_op("FusedGemm", _fused_gemm, {"alpha": 1.0, "beta": 1.0, "transA": 0, "
 #   Requantize(q)               acc = q - z_in, M = s_in / s_out
 # ``activation`` "" | "Relu" | "Clip" (with ``activation_params`` [min, max]) narrows the clamp range
 # [lo, hi] (qcompiler.quant.requant.activation_clamp). Results carry their quant params in their type.
+# QLinearConv/QLinearGemm also take ``activation`` "HardSwish": y = z clamp(a_c z + b, 0, 1) evaluated in
+# integers on the accumulator (qcompiler.quant.hardswish), ``activation_params`` [] (HardSwish) or
+# [alpha, beta, S...] (a_c = alpha S_c, b = beta: the equalized form), m/s then map acc to a
+# pre-activation grid 2^k finer than the output's, and ``hardswish`` = [c_b, c_1, m2, s2, p_hi] (lists).
 # Plain ops may also take quantized operands; their result keeps the operand's params: MaxPool,
 # GlobalMaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Identity work on the stored
 # integers (MaxPool pads with the storage minimum), Pad pads with Q(value) (the zero point for 0),
@@ -438,7 +442,7 @@ def _quant_operand(kind: str, t: TensorType, what: str, *, per_tensor: bool = Tr
         raise InferError(f"{kind} {what} must be quantized per tensor, got {t}")
 
 
-def _requant_attrs(kind: str, a: dict, channels: int, *, act: bool = True) -> None:
+def _requant_attrs(kind: str, a: dict, channels: int, *, act: bool | str = True) -> None:
     m, s = a["multiplier"], a["shift"]
     if not m or not s:
         raise InferError(f"{kind} needs 'multiplier' and 'shift' attributes")
@@ -446,9 +450,21 @@ def _requant_attrs(kind: str, a: dict, channels: int, *, act: bool = True) -> No
         raise InferError(f"{kind}: {len(m)} multipliers / {len(s)} shifts for {channels} output channels")
     if any(not 0 <= int(x) < 2 ** 31 for x in m) or any(not 0 <= int(x) <= 63 for x in s):
         raise InferError(f"{kind}: multipliers must lie in [0, 2^31) and shifts in [0, 63]")
-    if act and a["activation"] not in QUANT_ACTIVATIONS:
+    if act == "epilogue" and a["activation"] == "HardSwish":
+        from ..quant.hardswish import check_attr, gate
+        why = check_attr(a.get("hardswish"), channels)
+        if why is None:
+            try:
+                gate(a["activation_params"], channels)
+            except ValueError as e:
+                why = str(e)
+        if why is not None:
+            raise InferError(f"{kind}: {why}")
+    elif act and a["activation"] not in QUANT_ACTIVATIONS:
         raise InferError(f"{kind}: activation '{a['activation']}' cannot fold into the output clamp "
-                         f"(known: Relu, Clip)")
+                         f"(known: Relu, Clip{', HardSwish' if act == 'epilogue' else ''})")
+    if act == "epilogue" and a["activation"] != "HardSwish" and a.get("hardswish"):
+        raise InferError(f"{kind}: a 'hardswish' epilogue attribute without activation HardSwish")
 
 
 def _quantize_linear(ts, a):
@@ -484,7 +500,7 @@ def _check_weight_bias(kind: str, ts, channels: int) -> None:
 
 def _qlinear_conv(ts, a):
     _check_weight_bias("QLinearConv", ts, ts[1].shape[0])
-    _requant_attrs("QLinearConv", a, ts[1].shape[0])
+    _requant_attrs("QLinearConv", a, ts[1].shape[0], act="epilogue")
     out = _conv([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
     return [TensorType(out.shape, ts[0].dtype)]
 
@@ -494,7 +510,7 @@ def _qlinear_gemm(ts, a):
     if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
         raise InferError(f"QLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
     _check_weight_bias("QLinearGemm", ts, W.shape[0])
-    _requant_attrs("QLinearGemm", a, W.shape[0])
+    _requant_attrs("QLinearGemm", a, W.shape[0], act="epilogue")
     return [TensorType((A.shape[0], W.shape[0]), A.dtype)]
 
 
@@ -540,9 +556,9 @@ register_op("QuantizeLinear", _quantize_linear, quantized_result=True,
             doc="q = saturate(round_half_even(x / scale) + zero_point); params in the result type")
 register_op("DequantizeLinear", _dequantize_linear, doc="x = (q - zero_point) * scale; params in the operand type")
 register_op("QLinearConv", _qlinear_conv, {"strides": None, "dilations": None, "pads": None, "group": 1,
-                                           **_ACT, **_RQ}, (2, 3), quantized_result=True,
+                                           **_ACT, **_RQ, "hardswish": []}, (2, 3), quantized_result=True,
             doc="int8 conv: xq, wq[, bq int32]; fixed-point requantization")
-register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ}, (2, 3), quantized_result=True,
+register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ, "hardswish": []}, (2, 3), quantized_result=True,
             doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization")
 register_op("QLinearAdd", _qlinear_add, {**_ACT, **_RQ}, (2, 2), quantized_result=True,
             doc="both operands rescaled to the output scale with one shared shift")

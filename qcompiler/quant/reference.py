@@ -172,7 +172,9 @@ def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1)
 
     def per_channel(v):
         v = np.asarray(v, np.int64)
-        if channel_axis is None or v.size == 1:
+        if channel_axis is None:
+            return v
+        if v.size == 1:
             return v.reshape(())
         return _channel(v, acc.ndim, channel_axis)
     m, s = per_channel(a["multiplier"]), per_channel(a["shift"])

@@ -18,7 +18,7 @@ from qcompiler.codegen.lower import build_module
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.ir.ops import infer_types
-from qcompiler.quant import reference
+from qcompiler.quant import hardswish, reference
 from qcompiler.quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
 
 RNG = np.random.default_rng(7)
@@ -77,6 +77,8 @@ def add_qconv(g, x, o, k, *, group=1, s=(1, 1), d=(1, 1), p=(0, 0, 0, 0), act=""
     ms, ss = conv_multipliers(sx, ws, out_qp.scale[0])
     attrs = {"strides": list(s), "dilations": list(d), "pads": list(p), "group": group,
              "activation": act, "activation_params": list(params), "multiplier": ms, "shift": ss}
+    if act == "HardSwish":
+        attrs.update(hardswish.epilogue_attrs(sx, ws, out_qp, params, o))
     shape = infer_types("QLinearConv", [v.type for v in operands], attrs)[0].shape
     return g.create_op("QLinearConv", operands, attrs, result_types=[TensorType(shape, x.type.dtype, out_qp)]).result
 
@@ -368,6 +370,49 @@ def test_qlinearconv_dot_paths_bit_exact(strict, isa, storage, c, o, group, k, s
                                                ("int8", 5, 130, 17), ("uint8", 16, 96, 48)])
 def test_qlineargemm_dot_paths_bit_exact(strict, isa, storage, m, k, n):
     _gemm_exact(storage, m, k, n, isa_spec(isa))
+
+
+HSWISH_CONVS = [  # (storage, C, O, group, kernel, pads, gate): dot-product conv, depthwise, per-tensor weights
+    ("uint8", 16, 32, 1, (3, 3), (1, 1, 1, 1), "standard"),
+    ("int8", 20, 24, 1, (1, 1), (0, 0, 0, 0), "scaled"),
+    ("uint8", 24, 24, 24, (3, 3), (1, 1, 1, 1), "scaled"),
+    ("int8", 3, 10, 1, (3, 3), (1, 1, 1, 1), "standard"),
+]
+
+
+def _gate_params(kind, o):
+    return () if kind == "standard" else (1 / 6, 0.5, *(float(v) for v in RNG.uniform(0.3, 3.0, o)))
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("storage, c, o, group, k, p, gate", HSWISH_CONVS)
+def test_qlinearconv_hardswish_epilogue_bit_exact(strict, isa, storage, c, o, group, k, p, gate):
+    """The integer HardSwish epilogue (qcompiler.quant.hardswish), plain HardSwish and the
+    equalized per-channel form, on every forced ISA path, equal to the oracle."""
+    spec = isa_spec(isa)
+    g = Graph("q")
+    x = g.add_input("x", TensorType((2, c, 9, 11), storage, ACT[storage]))
+    g.outputs = [add_qconv(g, x, o, k, group=group, p=p, act="HardSwish", params=_gate_params(gate, o),
+                           per_channel=(o != 10), bias=(o != 10))]
+    check_exact(g, {"x": qin(ACT[storage], (2, c, 9, 11))}, f"{isa} QLinearConv HardSwish {storage} {c}->{o}", spec)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("storage, m, k, n, gate", [("uint8", 3, 21, 10, "standard"), ("int8", 4, 64, 33, "scaled")])
+def test_qlineargemm_hardswish_epilogue_bit_exact(strict, isa, storage, m, k, n, gate):
+    g = Graph("q")
+    qa = ACT[storage]
+    a = g.add_input("a", TensorType((m, k), storage, qa))
+    ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, n))
+    w = g.add_const(RNG.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
+                    QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
+    qo = QuantParams(storage, (0.02,), (-100 if storage == "int8" else 20,))
+    params = list(_gate_params(gate, n))
+    attrs = {"activation": "HardSwish", "activation_params": params,
+             **hardswish.epilogue_attrs(qa.scale[0], ws, qo, params, n)}
+    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs, result_types=[TensorType((m, n), storage, qo)]).result]
+    check_exact(g, {"a": qin(qa, (m, k))}, f"{isa} QLinearGemm HardSwish {storage} {m}x{k}x{n}", isa_spec(isa))
 
 
 def test_dot_instructions_emitted():

@@ -65,7 +65,10 @@ def _channel_vec(ctx, vals, dtype, name):
 
 def requant_fn(ctx, a, out_type, channels: int | None):
     """``rq(acc, ch)``: the fixed-point requantization of an int32/int64 expression, as int64,
-    clamped to [lo, hi] of the output (fused Relu/Clip included)."""
+    clamped to [lo, hi] of the output (fused Relu/Clip included; a fused HardSwish is the integer
+    epilogue of :func:`_hardswish_fn`)."""
+    if (a.get("activation") or "") == "HardSwish":
+        return _hardswish_fn(ctx, a, out_type, channels)
     qp = out_type.quant
     lo, hi = activation_clamp(a.get("activation", "") or "", a.get("activation_params") or [], qp)
     m, s = list(a["multiplier"]), list(a["shift"])
@@ -87,6 +90,38 @@ def requant_fn(ctx, a, out_type, channels: int | None):
         v = cast(acc, I64) * cast(fm(ch), I64) + fr(ch)
         v = tirx.shift_right(v, fs(ch)) + zo
         return tirx.max(tirx.min(v, hi_c), lo_c)
+    return rq
+
+
+def _hardswish_fn(ctx, a, out_type, channels: int | None):
+    """The HardSwish epilogue of :mod:`qcompiler.quant.hardswish`, all in int64::
+
+        p = clamp(rrs(acc m, s), -c_b, p_hi);  u = min(p + c_b, c_1);  y = clamp(z + rrs(p u m2, s2), lo, hi)
+    """
+    qp = out_type.quant
+    lo, hi = INT_RANGES[qp.storage]
+    n = channels or 1
+
+    def vec(vals, dtype, name):
+        vals = [int(v) for v in vals]
+        return _channel_vec(ctx, vals * n if len(vals) == 1 else vals, dtype, name)
+    s = list(a["shift"])
+    fm, fs = vec(a["multiplier"], I32, "hs_m"), vec(s, I64, "hs_s")
+    fr = vec([(1 << (int(x) - 1)) if int(x) > 0 else 0 for x in s], I64, "hs_r")
+    cb, c1, m2, s2, ph = a["hardswish"]
+    fcb, fc1, fph = vec(cb, I64, "hs_cb"), vec(c1, I64, "hs_c1"), vec(ph, I64, "hs_ph")
+    fm2, fs2 = vec(m2, I32, "hs_m2"), vec(s2, I64, "hs_s2")
+    fr2 = vec([(1 << (int(x) - 1)) if int(x) > 0 else 0 for x in s2], I64, "hs_r2")
+    zo = tirx.const(int(qp.zero_point[0]), I64)
+    lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
+
+    def rq(acc, ch=None):
+        ch = ch if ch is not None else tirx.const(0, I32)
+        v = tirx.shift_right(cast(acc, I64) * cast(fm(ch), I64) + fr(ch), fs(ch))
+        p = tirx.max(tirx.min(v, fph(ch)), tirx.const(0, I64) - fcb(ch))
+        u = tirx.min(p + fcb(ch), fc1(ch))
+        y = tirx.shift_right(p * u * cast(fm2(ch), I64) + fr2(ch), fs2(ch)) + zo
+        return tirx.max(tirx.min(y, hi_c), lo_c)
     return rq
 
 
