@@ -88,6 +88,7 @@ from ..ir.graph import Graph, Op, Value
 from ..ir.ops import QUANT_ACTIVATIONS, REGISTRY
 from ..ir.types import QuantParams
 from ..quant import qparams as qpm
+from ..quant.hardswish import epilogue_attrs as hardswish_attrs
 from ..quant.observers import Method
 from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
 from ._common import is_output, make_activation, pass_options, single_use
@@ -148,7 +149,7 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
             continue
         act, params = op.attrs.get("activation", ""), list(op.attrs.get("activation_params") or [])
         z = op.operands[3] if len(op.operands) == 4 else None
-        if z is None and act in QUANT_ACTIVATIONS:
+        if z is None and (act in QUANT_ACTIVATIONS or _fuses_hardswish(act, opts)):
             continue
         r, name, rname = op.result, op.name, op.result.name
         keep = act if z is None and act in QUANT_ACTIVATIONS else ""
@@ -165,6 +166,11 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
         graph.rename_op(base, name)
         if not graph.has_value(rname):
             graph.rename(last, rname)
+
+
+def _fuses_hardswish(act: str, opts: QuantizeOptions) -> bool:
+    """HardSwish stays fused: an integer epilogue of the conv/gemm (qcompiler.quant.hardswish)."""
+    return act == "HardSwish" and "HardSwish" not in opts.keep_float
 
 
 # ---- 2. plan -------------------------------------------------------------------------------------
@@ -198,7 +204,9 @@ def _decline(op: Op) -> str | None:
 class _Plan:
     role: dict = field(default_factory=dict)    # op -> "compute" | "keep" | "concat" | "fold"
     out: dict = field(default_factory=dict)     # compute op -> float value its output stands for
-    fold: dict = field(default_factory=dict)    # compute op -> folded Relu/Clip op
+    fold: dict = field(default_factory=dict)    # compute op -> folded Relu/Clip/HardSwish op (its result: the output)
+    absorbed: dict = field(default_factory=dict)  # compute op -> further folded ops (scaled HardSwish: Mul, HardSigmoid)
+    gate: dict = field(default_factory=dict)    # compute op -> HardSwish activation_params ([alpha, beta, S...])
     why: dict = field(default_factory=dict)     # float op -> reason
     boundary: set = field(default_factory=set)  # float values entering quantized ops (need a Q)
 
@@ -209,6 +217,9 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
     for op in graph.ops:
         role, why = None, None
         x = op.operands[0] if op.operands else None
+        if p.role.get(op) == "fold":                    # already claimed by a scaled HardSwish
+            quantized.add(op.result)
+            continue
         if _kept_float(op, opts):
             why = "kept float (keep_float)"
         elif op.kind in CONVS + GEMMS:
@@ -235,6 +246,9 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
                 role = "compute"
         elif op.kind in ("Relu", "Clip") and x in quantized and _foldable(p, x):
             role = "fold"
+        elif (op.kind == "HardSwish" and x in quantized and _foldable(p, x) and x.producer.kind in CONVS + GEMMS
+              and _fuses_hardswish(op.kind, opts)):
+            role = "fold"
         elif op.kind in KEEP_PARAMS and x in quantized and len(op.results) == 1:
             role = "keep" if op.kind != "Pad" or op.attrs.get("mode", "constant") == "constant" else None
             why = None if role else "only constant padding is quantized"
@@ -251,11 +265,34 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
             p.fold[prod], p.out[prod] = op, op.result
         elif role == "compute":
             p.out[op] = op.result
+            if op.kind in CONVS + GEMMS and not op.attrs.get("activation"):
+                _claim_scaled_hardswish(p, op, opts)
         if role in ("compute", "concat"):
             acts = op.operands[:1] if op.kind in CONVS + GEMMS else op.operands
             p.boundary.update(v for v in acts if v not in quantized)
         quantized.add(op.result)
     return p
+
+
+def _claim_scaled_hardswish(p: _Plan, op: Op, opts: QuantizeOptions) -> None:
+    """Fold z · HardSigmoid(S·z) after a conv/gemm whose output z feeds only that pattern (the
+    form ``equalize`` leaves a rescaled HardSwish in) into the conv's integer HardSwish epilogue,
+    with gate slopes alpha·S (S > 0)."""
+    from .equalize import scaled_hardswish
+    if not _fuses_hardswish("HardSwish", opts):
+        return
+    pattern = scaled_hardswish(op.result)
+    if pattern is None or any(_kept_float(o, opts) for o in pattern):
+        return
+    m_s, hs, m_o = pattern
+    S = next(v for v in m_s.operands if v is not op.result).data.astype(np.float64).reshape(-1)
+    if not np.all(S > 0) or not np.all(np.isfinite(S)):
+        return
+    a = {**REGISTRY["HardSigmoid"].defaults, **hs.attrs}
+    for o in pattern:
+        p.role[o] = "fold"
+    p.fold[op], p.absorbed[op], p.out[op] = m_o, [hs, m_s], m_o.result
+    p.gate[op] = [float(a["alpha"]), float(a["beta"])] + [float(v) for v in S]
 
 
 def _foldable(p: _Plan, x: Value) -> bool:
@@ -286,7 +323,8 @@ def _ranges(graph: Graph, names: list[str], opts: QuantizeOptions, info: dict) -
             info["calibration"] = f"random ({opts.random_samples} samples)"
         else:
             info["calibration"] = f"{len(data)} feeds" if hasattr(data, "__len__") else "data"
-        kw = {"p": opts.percentile} if opts.method == "percentile" else {}
+        kw = {"p": opts.percentile} if opts.method == "percentile" else \
+            {"symmetric": opts.symmetric_activations} if opts.method in ("entropy", "mse") else {}
         ranges.update(collect_ranges(graph, data, todo, opts.method, quiet=not opts.progress, **kw))
     return ranges
 
@@ -349,6 +387,8 @@ class _Rewriter:
             self.qv[dq.result] = q
         if op in self.p.fold:
             g.erase_op(self.p.fold[op])
+            for extra in self.p.absorbed.get(op, []):
+                g.erase_op(extra)
         g.erase_op(op)
         g.rename_op(new, name)
         if not g.has_value(out_name):
@@ -381,15 +421,20 @@ class _Rewriter:
         act, params = "", []
         if op in self.p.fold:
             f = self.p.fold[op]
-            act = f.kind
+            act = f.kind if f.kind != "Mul" else "HardSwish"    # Mul: the scaled HardSwish's last op
             params = [float(f.attrs.get("min", float("-inf"))), float(f.attrs.get("max", float("inf")))] \
-                if act == "Clip" else []
+                if act == "Clip" else list(self.p.gate.get(op, []))
         elif op.attrs.get("activation"):
             act, params = op.attrs["activation"], list(op.attrs.get("activation_params") or [])
         info: dict[str, Any] = {"from": op.kind}
         if op.kind in CONVS + GEMMS:
             kind, operands, attrs = self.linear(op, info)
             attrs.update(activation=act, activation_params=params)
+            if act == "HardSwish":                              # one quantization point: the epilogue
+                wq = operands[1].type.quant
+                attrs.update(hardswish_attrs(operands[0].type.quant.scale[0], wq.scale, qo, params,
+                                             operands[1].shape[0]))
+                info["hardswish"] = "scaled (equalized)" if params else "fused"
         elif op.kind == "Add":
             a, b = (self.qval(v, op) for v in op.operands)
             ms, s = quantize_multipliers([a.type.quant.scale[0] / qo.scale[0], b.type.quant.scale[0] / qo.scale[0]])

@@ -9,9 +9,10 @@ counted in ``nonfinite`` and otherwise ignored.
 ``Percentile``  the (100-p)th and p-th percentiles (two-sided), read off a streaming histogram
                 with linear interpolation inside a bin: error below one bin width.
 ``Entropy``     TensorRT's calibration (Migacz, "8-bit Inference with TensorRT", GTC 2017):
-                over a 2048-bin histogram of |x|, the threshold T whose clipped distribution P
-                and its quantized version Q (``quantized_bins`` levels) have the least
-                KL(P || Q). Range (0, T) for unsigned data (after ReLU), (-T, T) for signed.
+                the threshold T whose clipped distribution P and its quantized version Q have
+                the least KL(P || Q); here per sign (x > 0 and -x for x < 0, 2048 bins each),
+                with the quantizer's real rounding cells, exact zeros and other repeated values
+                (atoms) kept out of Q's smoothing: range (-T-, T+), (0, T+) after ReLU.
 ``MSE``         the clipping range [lo, hi] minimising the expected squared error of 8-bit
                 quantization over the histogram: clipping error of the values outside plus
                 step^2/12 for those inside. ``symmetric=True`` searches (-T, T).
@@ -186,77 +187,202 @@ class Percentile(_HistogramObserver):
         return lo, max(lo, hi)
 
 
-class Entropy(_HistogramObserver):
-    """TensorRT's KL-divergence threshold over a histogram of |x|.
+class Entropy(Observer):
+    """TensorRT's entropy calibration (Migacz, "8-bit Inference with TensorRT", GTC 2017), made
+    to hold on real activations: the threshold T whose clipped distribution P and its quantized
+    version Q have the least KL(P || Q) (:func:`kl_threshold`), found for each sign separately.
 
-    ``quantized_bins``: the number of levels of the target grid over [0, T]: 128 for signed int8
-    (TensorRT) and, by default (None), 256 for data that was never negative (uint8 covers [0, T]
-    with 256 levels); give 128 to reproduce TensorRT exactly."""
+    What differs from the slides, and why (each was measured on fashion_mobilenet, where the
+    plain recipe gave 4.5 dB of output SQNR against 33.6 dB for MinMax):
 
-    def __init__(self, bins: int = 2048, quantized_bins: int | None = None):
-        super().__init__(bins)
-        if quantized_bins is not None and not 2 <= quantized_bins <= bins:
-            raise ValueError(f"quantized_bins must be in [2, {bins}], got {quantized_bins}")
-        self.quantized_bins = quantized_bins
+    * **Levels are the quantizer's rounding cells.** TensorRT merges the i bins below a candidate
+      into 128 levels of i // 128 bins, the last level taking the rest (up to 255 bins). The levels
+      are then unequal for most i, and the search lands at the last i before the width steps up
+      (i = 2·levels - 1: 1.497 for every ReLU6 layer of range 6 with 256 levels). Here level j is
+      the cell [(j - 1/2)s, (j + 1/2)s) that round-to-nearest maps to j·s, s = T / steps, with
+      fractional bin overlaps, so every candidate is judged with the grid it would really get.
+    * **Atoms stay atoms.** Q spreads each level's mass evenly over its bins; for a value that
+      occurs exactly and often (0 after ReLU: half of all values; the constant response of a conv
+      to flat image background: 1.6 % per channel in one bin) that costs mass · log(bins per
+      level), which grows with T and drives T into the bulk of the data. A quantizer maps an atom
+      to one level, so it loses no information: exact zeros are left out (0 is exactly
+      representable) and other repeated values (found on a strided sample of each batch, then
+      counted exactly) are put into Q as they are, in their own bins; only the continuous rest
+      is spread. An atom beyond T is still folded into P's last bin, so clipping one costs.
+    * **Each sign on its own histogram.** Activations are asymmetric uint8 by default, so the
+      range (-T₋, T₊) needs no symmetry: T₊ and T₋ come from histograms of x > 0 and of -x for
+      x < 0 (``bins`` each), with steps₊ + steps₋ = 255 shared in proportion to T₊ : T₋
+      (iterated to a fixed point, at most 4 rounds). Data that is never negative (after ReLU)
+      gets (0, T₊) with all 255 steps. ``symmetric=True`` (int8 with zero point 0, as TensorRT
+      takes it): 127 steps per side and the range (-T, T) with T = max(T₊, T₋), so neither side
+      is clipped harder than its own optimum.
+    * **No threshold inside the bulk.** Candidates keep at least half of a side's values
+      unclipped. For data away from 0 (an SE gate's pre-activation in [-1.79, -0.86] on
+      rapidocr-cls) TensorRT's lowest candidates fold *all* values into P's last bin; P and Q
+      are then the same single point and KL = 0, which picked T = 0.22.
+
+    Measured output SQNR (quantize pass, uint8 activations; before -> after the four changes):
+    fashion_mobilenet 4.5 -> 34.0 dB, mnistnet 1.6 -> 41.9 dB, rapidocr-cls 4.0 -> 17.6 dB
+    (MinMax: 33.6, 42.2, 20.5).
+    """
+
+    MAX_ATOMS = 64
+    SAMPLE = 16384            # elements of each batch scanned for repeated values
+
+    def __init__(self, bins: int = 2048, symmetric: bool = False, bits: int = 8):
+        super().__init__()
+        if not 2 <= bits <= 16:
+            raise ValueError(f"bits must be in [2, 16], got {bits}")
+        self.pos, self.neg = Histogram(bins), Histogram(bins)
+        self.zeros = 0
+        self.atoms: dict[float, float] = {}       # nonzero value -> exact count
+        self.symmetric, self.bits = symmetric, bits
 
     def _observe(self, flat, lo, hi):
-        self.hist.add(np.abs(flat), 0.0, max(-lo, hi))
+        self._count_atoms(flat)
+        p, n = flat[flat > 0], flat[flat < 0]
+        self.zeros += flat.size - p.size - n.size
+        if p.size:
+            self.pos.add(p, 0.0, hi)
+        if n.size:
+            self.neg.add(-n, 0.0, -lo)
+
+    def _count_atoms(self, flat: np.ndarray) -> None:
+        sample = flat[::max(1, flat.size // self.SAMPLE)]
+        vals, cnt = np.unique(sample, return_counts=True)
+        new = vals[(cnt >= 4) & (vals != 0)]
+        new = new[np.argsort(-cnt[(cnt >= 4) & (vals != 0)], kind="stable")]
+        cand = list(self.atoms)
+        cand += [float(v) for v in new if float(v) not in self.atoms][:self.MAX_ATOMS - len(cand)]
+        if not cand:
+            return
+        cand_a = np.sort(np.array(cand, flat.dtype))
+        idx = np.clip(np.searchsorted(cand_a, flat), 0, cand_a.size - 1)
+        hit = cand_a[idx] == flat
+        counts = np.bincount(idx[hit], minlength=cand_a.size)
+        for v, c in zip(cand_a.tolist(), counts.tolist()):
+            if c:
+                self.atoms[v] = self.atoms.get(v, 0.0) + c
+
+    def _side(self, h: Histogram, sign: float) -> tuple[np.ndarray, np.ndarray]:
+        """A side's histogram and the part of it that is atoms, on the same bins."""
+        atoms = np.zeros(h.bins)
+        vals = [(sign * v, c) for v, c in self.atoms.items() if sign * v > 0]
+        if vals and h.width > 0:
+            v, c = np.array(vals).T
+            idx = np.clip(np.floor(v / h.width), 0, h.bins - 1).astype(np.intp)
+            atoms = np.minimum(np.bincount(idx, weights=c, minlength=h.bins), h.counts)
+        return h.counts, atoms
 
     def _range(self):
-        signed = self.min < 0
-        nq = self.quantized_bins or (128 if signed else 256)
-        amax = max(-self.min, self.max)
-        t = min(amax, kl_threshold(self.hist.counts, self.hist.width, nq))
-        return (-t, t) if signed else (0.0, t)
+        hasp, hasn = self.max > 0, self.min < 0
+        pos, neg = self._side(self.pos, 1.0), self._side(self.neg, -1.0)
+
+        def t(side, h, steps):
+            return min(kl_threshold(side[0], h.width, steps, atoms=side[1]), h.hi)
+
+        if self.symmetric:
+            steps = 2 ** (self.bits - 1) - 1
+            tp = t(pos, self.pos, steps) if hasp else 0.0
+            tn = t(neg, self.neg, steps) if hasn else 0.0
+            amax = max(tp, tn)
+            return (-amax, amax) if hasn else (0.0, amax)
+        total = 2 ** self.bits - 1
+        if not (hasp and hasn):
+            if not hasp and not hasn:
+                return 0.0, 0.0
+            return (0.0, t(pos, self.pos, total)) if hasp else (-t(neg, self.neg, total), 0.0)
+        sp = total // 2
+        seen = set()
+        while sp not in seen and len(seen) < 4:
+            seen.add(sp)
+            tp, tn = t(pos, self.pos, sp), t(neg, self.neg, total - sp)
+            sp = int(np.clip(round(total * tp / (tp + tn)), 1, total - 1)) if tp + tn > 0 else sp
+        return -min(tn, -self.min), min(tp, self.max)
 
 
-def kl_threshold(counts: np.ndarray, width: float, quantized_bins: int = 128, eps: float = 1e-4) -> float:
-    """TensorRT's entropy calibration over a histogram of |x| (bin k covers [k*w, (k+1)*w)).
+def _kl_curve(counts: np.ndarray, atoms: np.ndarray, steps: int, cand: np.ndarray,
+              eps: float, chunk: int = 64) -> np.ndarray:
+    """KL(P || Q) for each candidate i (threshold at bin i); see :func:`kl_threshold`."""
+    cont = np.maximum(counts - atoms, 0.0)
+    cs = np.concatenate([[0.0], np.cumsum(counts)])
+    total = cs[-1]
+    out = np.empty(cand.size)
+    last = steps
+    for c0 in range(0, cand.size, chunk):
+        i = cand[c0:c0 + chunk, None].astype(np.int64)
+        c, n = i.shape[0], int(i.max())                          # bins at or beyond i play no part
+        k = np.arange(n, dtype=np.float64)[None, :]
+        rows = np.arange(c)
+        s = i / steps                                            # bins per quantization step
+        valid = k < i
+        P = np.where(valid, counts[None, :n], 0.0)
+        P[rows, i[:, 0] - 1] += total - cs[i[:, 0]]              # outliers folded into the last bin
+        C = np.where(valid, cont[None, :n], 0.0)
+        nz = (C > 0).astype(np.float64)
+        a = np.minimum(np.floor(k / s + 0.5), last).astype(np.intp)          # cell of the bin's left edge
+        b = np.minimum(np.floor((k + 1) / s + 0.5), last).astype(np.intp)    # ... of its right edge
+        f = np.where(b > a, np.clip((b - 0.5) * s - k, 0.0, 1.0), 1.0)       # share of the bin in cell a
+        base = rows[:, None] * (last + 1)
+        ia, ib = (base + a).ravel(), (base + b).ravel()
+        size = c * (last + 1)
+        mass = np.bincount(ia, (C * f).ravel(), size) + np.bincount(ib, (C * (1 - f)).ravel(), size)
+        width = np.bincount(ia, (nz * f).ravel(), size) + np.bincount(ib, (nz * (1 - f)).ravel(), size)
+        dens = np.where(width > 0, mass / np.maximum(width, 1e-300), 0.0)
+        Q = nz * (f * dens[base + a] + (1 - f) * dens[base + b]) + np.where(valid, atoms[None, :n], 0.0)
+        Q = np.where((P > 0) & (Q <= 0), eps, Q)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            Pn = P / total
+            Qn = Q / Q.sum(axis=1, keepdims=True)
+            out[c0:c0 + c] = np.where(P > 0, Pn * np.log(Pn / Qn), 0.0).sum(axis=1)
+    return np.where(np.isfinite(out), out, np.inf)
 
-    For each candidate i >= quantized_bins: P = counts[:i] with the outliers counts[i:] added to
-    its last bin; Q = counts[:i] merged into ``quantized_bins`` levels of i // quantized_bins bins
-    (the last level takes the rest), each level's sum spread evenly over the bins where P is
-    nonzero. Returns i*width for the i with the least KL(P || Q) (both normalized). Where Q would
-    be 0 but P is not (outliers folded into an empty top level), the level gets ``eps`` counts,
-    as MXNet's and ONNX Runtime's smoothing does, so that clipping isolated outliers stays finite.
 
-    Q is constant over a level, so KL = sum_k P log P / T - log T - sum_levels P_level log q_level / T
-    + log sum(Q), with T = sum(P): prefix sums make every candidate O(levels), all at once."""
+def kl_threshold(counts: np.ndarray, width: float, steps: int = 127, eps: float = 1e-4,
+                 atoms: np.ndarray | None = None, exhaustive: bool = False) -> float:
+    """The entropy-calibration threshold T over a one-sided histogram (bin k covers [k·w, (k+1)·w)
+    of the magnitudes, exact zeros left out) for a grid of ``steps`` steps from 0 to T.
+
+    For each candidate i >= steps (T = i·w; at least one bin per step): P = counts[:i] with the
+    outliers counts[i:] added to its last bin. Q: the cells of round-to-nearest with step
+    s = i / steps bins (cell 0 = [0, s/2), cell j = [(j - 1/2)s, (j + 1/2)s), the last ending at
+    i), bins split between two cells in proportion to their overlap; each cell's mass of the
+    sliced, non-atom counts is spread evenly over the cell's nonzero bins, and ``atoms`` (the part
+    of each bin that is repeated exact values, see :class:`Entropy`) are added back unspread.
+    Where Q is 0 but P is not (outliers folded into an empty bin) Q gets ``eps`` counts (as
+    MXNet's and ONNX Runtime's smoothing), so clipping isolated outliers costs a finite amount.
+    Returns i·w for the least KL(P || Q), P and Q normalized. No clipping (the last nonzero bin)
+    when there are fewer bins than steps.
+
+    Every candidate is evaluated when that costs no more than 128 candidates over 2048 bins;
+    otherwise 128 evenly spaced ones, then every bin within one spacing of the best (KL is bumpy
+    in a flat tail: this lands within a few % of the exhaustive optimum's KL, not necessarily at
+    its threshold). ``exhaustive`` evaluates all."""
     counts = np.asarray(counts, np.float64)
     nonzero = np.flatnonzero(counts)
     if nonzero.size == 0:
         return 0.0
     n = int(nonzero[-1]) + 1
-    nq = quantized_bins
-    if n <= nq:
+    steps = int(steps)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if n <= steps:
         return n * width
     counts = counts[:n]
-    total = counts.sum()
-    cs = np.concatenate([[0.0], np.cumsum(counts)])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(counts > 0, counts * np.log(counts), 0.0)
-    cs_plogp = np.concatenate([[0.0], np.cumsum(plogp)])
-    cs_nz = np.concatenate([[0], np.cumsum(counts > 0)])
-
-    i = np.arange(nq, n + 1)[:, None]                            # (c, 1) candidates
-    out = total - cs[i[:, 0]]                                    # outliers beyond each candidate
-    last = counts[i[:, 0] - 1] + out                             # P's last bin
-    m = i // nq
-    j = np.arange(nq)[None, :]
-    lo = j * m
-    hi = np.where(j == nq - 1, i, lo + m)                        # (c, nq) level bounds
-    level_sum = cs[hi] - cs[lo]                                  # sliced counts per level (Q mass)
-    level_nz = cs_nz[hi] - cs_nz[lo]                             # nonzero bins of P per level
-    level_nz[:, -1] += (counts[i[:, 0] - 1] == 0) & (out > 0)
-    p_level = level_sum.copy()
-    p_level[:, -1] += out                                        # P mass per level
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_q = np.log(np.maximum(level_sum, eps) / np.maximum(level_nz, 1))
-        cross = np.where(p_level > 0, p_level * log_q, 0.0).sum(axis=1)      # sum_k P_k log q_k
-        plogp_p = cs_plogp[i[:, 0] - 1] + np.where(last > 0, last * np.log(last), 0.0)
-        kl = (plogp_p - cross) / total - np.log(total) + np.log(cs[i[:, 0]])
-    kl = np.where(np.isfinite(kl), kl, np.inf)
-    return int(i[int(np.argmin(kl)), 0]) * width
+    atoms = np.zeros(n) if atoms is None else np.minimum(np.asarray(atoms, np.float64)[:n], counts)
+    cs = np.cumsum(counts)
+    first = max(steps, int(np.searchsorted(cs, cs[-1] / 2)) + 1)       # keeps half the values
+    all_i = np.arange(first, n + 1)
+    if exhaustive or all_i.size * n <= 128 * 2048:                  # as cheap as the coarse pass
+        kl = _kl_curve(counts, atoms, steps, all_i, eps)
+        return int(all_i[int(np.argmin(kl))]) * width
+    coarse = np.unique(np.linspace(first, n, 128).round().astype(np.int64))
+    kl = _kl_curve(counts, atoms, steps, coarse, eps)
+    best = int(coarse[int(np.argmin(kl))])
+    gap = int(np.ceil((n - first) / 127))
+    fine = np.arange(max(first, best - gap), min(n, best + gap) + 1)
+    kl_f = _kl_curve(counts, atoms, steps, fine, eps)
+    return int(fine[int(np.argmin(kl_f))]) * width
 
 
 class MSE(_HistogramObserver):

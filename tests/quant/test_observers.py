@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from qcompiler.quant.observers import MSE, Entropy, Histogram, MinMax, Percentile, kl_threshold, make_observer
+from qcompiler.quant.observers import (MSE, Entropy, Histogram, MinMax, Percentile, _kl_curve, kl_threshold,
+                                      make_observer)
 from qcompiler.quant.qparams import asymmetric, fake_quantize, symmetric
 
 
@@ -83,8 +84,10 @@ def test_percentile_matches_numpy_within_a_bin(rng, p, dist):
 def test_entropy_clips_outliers_of_a_gaussian(rng):
     x = rng.standard_normal(500_000).astype(np.float32)
     x[rng.integers(0, x.size, 20)] = 50.0
-    lo, hi = feed(Entropy(), x).range()
+    lo, hi = feed(Entropy(symmetric=True), x).range()
     assert lo == -hi and 2.5 < hi < 25.0                     # well below the outliers, not inside the bulk
+    lo2, hi2 = feed(Entropy(), x).range()                    # asymmetric: each side on its own
+    assert 2.5 < -lo2 < 25.0 and 2.5 < hi2 < 25.0 and -lo2 < x.max()
 
 
 def test_entropy_unsigned_after_relu(rng):
@@ -92,16 +95,44 @@ def test_entropy_unsigned_after_relu(rng):
     x[:5] = 60.0
     lo, hi = feed(Entropy(), x).range()
     assert lo == 0.0 and 2.0 < hi < 30.0
-    lo128, hi128 = feed(Entropy(quantized_bins=128), x).range()     # TensorRT's setting clips harder
-    assert lo128 == 0.0 and hi128 <= hi
+    lo127, hi127 = feed(Entropy(symmetric=True), x).range()    # 127 steps (int8) clips harder than 255
+    assert lo127 == 0.0 and hi127 <= hi
 
 
 def test_entropy_keeps_a_bounded_distribution(rng):
     x = rng.uniform(-1, 1, 200_000).astype(np.float32)
     lo, hi = feed(Entropy(), x).range()
-    assert hi > 0.9                                          # nothing to clip: keep (nearly) all
-    assert kl_threshold(np.array([0, 5, 0, 3.0]), 0.5) == 2.0    # fewer bins than levels: no clipping
+    assert hi > 0.9 and lo < -0.9                            # nothing to clip: keep (nearly) all
+    assert kl_threshold(np.array([0, 5, 0, 3.0]), 0.5, 8) == 2.0    # fewer bins than steps: no clipping
     assert kl_threshold(np.zeros(4), 1.0) == 0.0
+
+
+def test_entropy_spikes_do_not_collapse_the_range(rng):
+    """issue #5: a ReLU6 output with half its values exactly 0 and a few repeated values (a conv's
+    constant response to flat background): the plain TensorRT recipe put T at 1.5 of 6 on
+    fashion_mobilenet. Atoms must not move T much: within 10 % of the range without them (5.64 vs 5.29)."""
+    cont = np.minimum(np.abs(rng.standard_normal(400_000)) * 1.2, 6.0)
+    atoms = np.repeat(np.float32([0.03, 0.75, 1.1]), 8_000)   # 2 % of the values each
+    x = np.concatenate([cont, np.zeros(400_000), atoms]).astype(np.float32)
+    x = x[rng.permutation(x.size)]
+    o = feed(Entropy(), x)
+    assert sorted(round(v, 2) for v in o.atoms) == [0.03, 0.75, 1.1] and o.zeros == 400_000
+    lo, hi = o.range()
+    _, hi_cont = feed(Entropy(), cont.astype(np.float32)).range()
+    assert lo == 0.0 and abs(hi - hi_cont) <= 0.1 * hi_cont and hi > np.percentile(cont, 99.5)
+    # the same histogram with the atoms spread like the rest (TensorRT) is pulled into the bulk,
+    # and more so with the zeros in its first bin: 4.07 and 2.66 here
+    counts, _ = o._side(o.pos, 1.0)
+    assert kl_threshold(counts, o.pos.width, 255) < 0.8 * hi
+    assert kl_threshold(np.r_[counts[0] + o.zeros, counts[1:]], o.pos.width, 255) < 0.5 * hi
+
+
+def test_entropy_of_data_away_from_zero_keeps_it():
+    """All values in [-1.8, -0.86] (an SE gate's input on rapidocr-cls): the lowest candidates fold
+    everything into one bin, where KL is 0; the range must still cover the data."""
+    x = -np.random.default_rng(5).uniform(0.86, 1.8, 100_000).astype(np.float32)
+    lo, hi = feed(Entropy(), x).range()
+    assert hi == 0.0 and lo < -1.7
 
 
 @pytest.mark.parametrize("sym", [False, True])
@@ -146,33 +177,65 @@ def test_make_observer():
         Percentile(20)
 
 
-def kl_loop(counts, nq, eps=1e-4):
-    """The KL search written out bin by bin, as in TensorRT's description."""
+def kl_loop(counts, steps, eps=1e-4, atoms=None):
+    """The KL search written out candidate by candidate and cell by cell: for threshold bin i, the
+    round-to-nearest cells [(j - 1/2)s, (j + 1/2)s) with s = i / steps bins, each bin split between
+    cells by overlap, a cell's non-atom mass spread over its nonzero bins, atoms added back."""
     n = np.flatnonzero(counts)[-1] + 1
-    counts = counts[:n]
+    counts = counts[:n].astype(np.float64)
+    atoms = np.zeros(n) if atoms is None else atoms[:n]
+    cont = counts - atoms
     kls = {}
-    for i in range(nq, n + 1):
+    for i in range(steps, n + 1):
+        if counts[:i].sum() < counts.sum() / 2:
+            continue
         p = counts[:i].copy()
         p[-1] += counts[i:].sum()
-        m, q = i // nq, np.zeros(i)
-        for j in range(nq):
-            a, b = j * m, (i if j == nq - 1 else (j + 1) * m)
-            nz = (p[a:b] != 0).sum()
-            if nz:
-                q[a:b] = np.where(p[a:b] != 0, max(counts[a:b].sum(), eps) / nz, 0)
-        P, Q = p / p.sum(), q / counts[:i].sum()
+        s = i / steps
+        edges = [0.0] + [(j - 0.5) * s for j in range(1, steps + 1)] + [float(i)]
+        share = np.zeros((steps + 1, i))                    # share[j, k]: part of bin k in cell j
+        for j in range(steps + 1):
+            for k in range(i):
+                share[j, k] = max(0.0, min(edges[j + 1], k + 1) - max(edges[j], k))
+        nz = (cont[:i] > 0).astype(float)
+        dens = np.array([(share[j] * cont[:i]).sum() / (share[j] * nz).sum() if (share[j] * nz).sum() else 0.0
+                         for j in range(steps + 1)])
+        q = nz * (share * dens[:, None]).sum(axis=0) + atoms[:i]
+        q = np.where((p > 0) & (q <= 0), eps, q)
+        P, Q = p / p.sum(), q / q.sum()
         with np.errstate(divide="ignore", invalid="ignore"):
-            kls[i] = np.sum(np.where(P > 0, P * np.log(P / Q), 0))
+            kls[i] = float(np.sum(np.where(P > 0, P * np.log(P / Q), 0)))
     return kls
 
 
-@pytest.mark.parametrize("nq,outlier", [(16, 30.0), (32, 6.0), (8, 12.0)])
-def test_kl_threshold_equals_the_bin_by_bin_search(rng, nq, outlier):
+@pytest.mark.parametrize("steps,outlier", [(16, 30.0), (32, 6.0), (8, 12.0)])
+def test_kl_threshold_equals_the_brute_force_search(rng, steps, outlier):
     x = np.abs(rng.standard_normal(20_000))
     x[:3] = outlier
+    x[3:300] = 0.4                                          # an atom
     h = Histogram(256)
     h.add(x, 0.0, x.max())
-    kls = kl_loop(h.counts, nq)
-    best = min(kls.values())
-    t = kl_threshold(h.counts, h.width, nq)
-    assert kls[round(t / h.width)] == pytest.approx(best, rel=1e-6, abs=1e-12)
+    atoms = np.zeros(256)
+    atoms[int(0.4 / h.width)] = 297
+    for a in (None, atoms):
+        kls = kl_loop(h.counts, steps, atoms=a)
+        best = min(kls.values())
+        t = kl_threshold(h.counts, h.width, steps, atoms=a, exhaustive=True)
+        assert kls[round(t / h.width)] == pytest.approx(best, rel=1e-9, abs=1e-12)
+        t2 = kl_threshold(h.counts, h.width, steps, atoms=a)          # coarse grid, then refined
+        assert kls[round(t2 / h.width)] <= best * 1.05 + 1e-9    # KL is bumpy: a near-best local minimum
+
+
+def test_kl_threshold_search_on_a_fine_histogram(rng):
+    """2048 bins, 255 steps: the coarse-then-fine search lands within 5 % of the exhaustive
+    optimum's KL (the curve is flat and bumpy in a Laplace tail: thresholds may differ more)."""
+    x = np.abs(rng.laplace(size=300_000))
+    h = Histogram(2048)
+    h.add(x, 0.0, x.max())
+    n = np.flatnonzero(h.counts)[-1] + 1
+    cand = np.arange(255, n + 1)
+    kl = _kl_curve(h.counts[:n], np.zeros(n), 255, cand, 1e-4)
+    t_all = kl_threshold(h.counts, h.width, 255, exhaustive=True)
+    t = kl_threshold(h.counts, h.width, 255)
+    assert round(t_all / h.width) == cand[np.argmin(kl)]
+    assert kl[round(t / h.width) - 255] <= 1.05 * kl.min() and 3.0 < t < x.max()
