@@ -318,3 +318,82 @@ def test_calibration_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, quie
         assert text == ""
     else:
         assert "\rcalibrate 8/8 [####################]" in text, text
+
+
+# ---- qcompile run: every bad --input is one line and exit code 2 (issue #5) ---------------------------
+def _write(tmp, name, data: bytes):
+    p = tmp / name
+    p.write_bytes(data)
+    return str(p)
+
+
+def _npz_bytes(**arrays):
+    import io
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _npy_bytes(a, allow_pickle=False):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=allow_pickle)
+    return buf.getvalue()
+
+
+RUN_INPUT_CASES = {   # name -> (make the --input path in TMP, what the message must say)
+    "empty file": (lambda t: _write(t, "x.npy", b""), "the file is empty or ends early"),
+    "empty pipe": (lambda t: "PIPE", "the file is empty or ends early"),
+    "text": (lambda t: _write(t, "x.npy", b"1 2 3\n4 5 6\n"), "cannot read it as .npy/.npz"),
+    "truncated npy": (lambda t: _write(t, "x.npy", _npy_bytes(np.zeros((4, 16), np.float32))[:100]),
+                      "cannot read it as .npy/.npz"),
+    "header only": (lambda t: _write(t, "x.npy", _npy_bytes(np.zeros((4, 16), np.float32))[:10]),
+                    "cannot read it as .npy/.npz (EOF: reading array header"),
+    "corrupt npz": (lambda t: _write(t, "x.npz", _npz_bytes(x=np.zeros((4, 16), np.float32))[:60]),
+                    "cannot read it as .npy/.npz"),
+    "pickled objects": (lambda t: _write(t, "x.npy", _npy_bytes(np.array([{"a": 1}] * 4), allow_pickle=True)),
+                        "cannot read it as .npy/.npz"),
+    "pickled objects in an npz": (lambda t: _write(t, "x.npz", _npz_bytes(x=np.array([None, 1], object))),
+                                  "cannot read it as .npy/.npz"),
+    "empty npz": (lambda t: _write(t, "x.npz", _npz_bytes()), "the .npz file holds no arrays"),
+    "strings": (lambda t: _write(t, "x.npy", _npy_bytes(np.array([["a"] * 16] * 4))), "has dtype <U1, not numbers"),
+    "complex": (lambda t: _write(t, "x.npy", _npy_bytes(np.zeros((4, 16), complex))), "dtype complex128, not numbers"),
+    "a directory": (lambda t: (t.joinpath("d.npy").mkdir(), str(t / "d.npy"))[1], "is a directory"),
+    "missing": (lambda t: str(t / "none.npy"), "no such file"),
+    "wrong shape": (lambda t: _write(t, "x.npy", _npy_bytes(np.zeros((4, 15), np.float32))), "does not split into runs"),
+    "no samples": (lambda t: _write(t, "x.npy", _npy_bytes(np.zeros((0, 16), np.float32))), "does not split into runs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_INPUT_CASES))
+def test_run_with_a_bad_input_is_one_line_and_exit_2(x86_artifact, tmp_path, capsys, case):
+    make, msg = RUN_INPUT_CASES[case]
+    path = make(tmp_path)
+    if path == "PIPE":                                   # what `--input <(true)` gives: a FIFO that ends at once
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+        import threading
+        threading.Thread(target=lambda: open(path, "wb").close(), daemon=True).start()
+    out = tmp_path / "y.npy"
+    code, _, err = run(capsys, "run", str(x86_artifact), "--input", path, "--output", str(out))
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
+    assert "internal error" not in err and not out.exists()
+
+
+def test_run_from_a_real_shell_process_substitution(x86_artifact, tmp_path):
+    """The reported command, `qcompile run OUT --input <(true)`, in a real bash."""
+    r = subprocess.run(["bash", "-c", f"{sys.executable} -m qcompiler.cli run {x86_artifact} --input <(true)"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "the file is empty or ends early" in r.stderr and "internal error" not in r.stderr
+
+
+def test_run_writes_outputs(x86_artifact, tmp_path, capsys):
+    x = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, _, err = run(capsys, "run", str(x86_artifact), "--input", str(tmp_path / "x.npy"), "--output",
+                       str(tmp_path / "y.npy"))
+    assert code == 0, err
+    y = np.load(tmp_path / "y.npy")
+    assert y.shape == (6, 8) and np.all(y >= 0)          # tiny: relu(x @ w + b)

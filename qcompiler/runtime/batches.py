@@ -26,21 +26,35 @@ if TYPE_CHECKING:
 
 
 def load_inputs(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
-    """Read ``.npy``/``.npz`` data for a model with the given inputs, keyed by input name."""
+    """Read ``.npy``/``.npz`` data for a model with the given inputs, keyed by input name.
+
+    Anything that is not such a file (missing, a directory, empty, truncated, a corrupt zip,
+    pickled objects, text) is a :class:`UserError`, as is an array that is not numeric."""
     p = Path(path)
     where = str(p)
+    fix = "save the input with numpy.save (one array) or numpy.savez (arrays named after the inputs)"
     try:
         data = np.load(p, allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            arrays = {"": data}
+        else:
+            with data:
+                arrays = {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise UserError("no such file", where, "give an existing .npy or .npz file") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read it as .npy/.npz ({e})", where,
-                        "save the input with numpy.save or numpy.savez") from None
-    if isinstance(data, np.ndarray):
-        arrays = {"": data}
-    else:
-        with data:
-            arrays = {k: data[k] for k in data.files}
+    except IsADirectoryError:
+        raise UserError("is a directory, not a .npy/.npz file", where, fix) from None
+    except EOFError:
+        raise UserError("the file is empty or ends early: not a .npy/.npz file", where, fix) from None
+    except Exception as e:      # ValueError, OSError, zipfile.BadZipFile, UnpicklingError, ...
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read it as .npy/.npz ({msg})", where, fix) from None
+    if not arrays:
+        raise UserError("the .npz file holds no arrays", where, fix)
+    for k, a in arrays.items():
+        if a.dtype.kind not in "biuf":                     # bool, ints, floats
+            raise UserError(f"array {k + ' ' if k else ''}has dtype {a.dtype}, not numbers", where,
+                            "save numeric arrays (e.g. float32) as model input")
     return name_inputs(arrays, inputs, where)
 
 
