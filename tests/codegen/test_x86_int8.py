@@ -226,6 +226,29 @@ def test_squeeze_excite_block_bit_exact(storage):
 
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_fpn_concat_of_resized_quantized_values_bit_exact(storage):
+    """Concat(Q(Resize_nearest(DQ(a))), Q(Resize_nearest(DQ(c))), b) as the FPN of rapidocr-det:
+    a has other params than the output (a table on the gathered integers), c the same (a pure
+    gather); then a conv on the concatenation (blocked layout) and the concatenation itself."""
+    g = Graph("q")
+    qo = QuantParams(storage, (0.05,), (90,) if storage == "uint8" else (-7,))
+    a = g.add_input("a", TensorType((1, 8, 3, 4), storage, ACT[storage]))
+    c = g.add_input("c", TensorType((1, 8, 6, 8), storage, qo))
+    b = g.add_input("b", TensorType((1, 8, 12, 16), storage, qo))
+    parts = []
+    for v in (a, c):
+        d = g.create_op("DequantizeLinear", [v]).result
+        r = g.create_op("Resize", [d], {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                                        "nearest_mode": "floor", "sizes": [1, 8, 12, 16]}).result
+        parts.append(g.create_op("QuantizeLinear", [r], result_types=[TensorType((1, 8, 12, 16), storage, qo)]).result)
+    cat = g.create_op("Concat", parts + [b], {"axis": 1},
+                      result_types=[TensorType((1, 24, 12, 16), storage, qo)]).result
+    g.outputs = [add_qconv(g, cat, 16, (3, 3), p=(1, 1, 1, 1), act="Relu"), cat]
+    check_exact(g, {"a": qin(ACT[storage], (1, 8, 3, 4)), "c": qin(qo, (1, 8, 6, 8)), "b": qin(qo, (1, 8, 12, 16))},
+                f"FPN concat {storage}")
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
 def test_qlinear_pools_bit_exact(storage):
     g = Graph("q")
     qx = ACT[storage]

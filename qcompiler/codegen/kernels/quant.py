@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from ...ir.types import INT_RANGES
+from ...ir.ops import REGISTRY
+from ...ir.types import INT_RANGES, TensorType
 from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from . import elementwise as kelem
@@ -308,11 +309,19 @@ def _lookup_chain(ctx, qp):
     Sigmoid, ...; other operands scalar constants) and q a per-tensor 8-bit value built in this
     kernel: the stored output depends only on q's 256 values, so it is a table lookup. The table is
     computed at compile time by the oracle itself (:func:`qcompiler.quant.reference.evaluate_op`
-    on all 256 values), as TFLite and ONNX Runtime do for int8 activations. Returns the Lazy
-    result, or None when the pattern does not apply."""
-    chain, v = [], ctx.op.operands[0]
+    on all 256 values), as TFLite and ONNX Runtime do for int8 activations. Pure index maps in the
+    chain (nearest Resize, reshapes, Transpose, Slice, Expand: each output element is one input
+    element) commute with the element-wise ops and are applied to the stored integers, so
+    Q(Resize(DQ(q))) feeding an int8 Concat (the FPN of rapidocr-det) is an integer gather plus a
+    table (none when the table is the identity: equal params). Returns the Lazy result, or None
+    when the pattern does not apply."""
+    chain, moves, v = [], [], ctx.op.operands[0]
     while v.producer is not None and v.producer.kind != "DequantizeLinear":
         p = v.producer
+        if _is_move(p):
+            moves.append(p)
+            v = p.operands[0]
+            continue
         if (p.kind not in _LUT_KINDS or len(p.results) != 1 or p.operands[0] is None
                 or any(not (o.is_const and o.data.size == 1) for o in p.operands[1:])):
             return None
@@ -335,11 +344,42 @@ def _lookup_chain(ctx, qp):
         y = reference.evaluate_op(dq, [np.resize(chunk, shape)])[0]
         for op in reversed(chain):
             y = reference.evaluate_op(op, [y] + [o.data for o in op.operands[1:]])[0]
-        y = reference.evaluate_op(ctx.op, [y])[0]
+        y = reference.evaluate_op(_as_elementwise(ctx.op, y.shape), [y])[0]
         table.append(np.asarray(y).reshape(-1)[:chunk.size])
-    tab = ctx.param(np.concatenate(table).astype(np.int32), "lut")
+    table = np.concatenate(table)
+    for p in reversed(moves):                          # the data movement, on the stored integers
+        from .shape import BUILDERS as MOVE_BUILDERS
+        attrs = {**REGISTRY[p.kind].defaults, **p.attrs}
+        src = MOVE_BUILDERS[p.kind](ctx, attrs, [src], [TensorType(p.result.shape, src.dtype)])[0]
+    if np.array_equal(table, vals.astype(np.int64)) and qin.storage == qp.storage:
+        return src                                      # the identity: a pure index map
+    tab = ctx.param(table.astype(np.int32), "lut")
     off = tirx.const(-lo, I32)
     return Lazy(src.shape, ctx.op.result.type.dtype, lambda idx: tab[cast(src.at(idx), I32) + off])
+
+
+_MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Expand", "Resize"})
+
+
+def _is_move(op) -> bool:
+    """A pure index map (each output element is one input element), which commutes with the
+    element-wise chain: nearest Resize, reshapes, Transpose, Slice, Expand."""
+    if op.kind not in _MOVES or len(op.results) != 1 or op.operands[0] is None:
+        return False
+    if op.kind == "Resize":
+        return op.attrs.get("mode", "nearest") == "nearest"
+    return all(o.is_const for o in op.operands[1:])
+
+
+def _as_elementwise(q_op, shape):
+    """The QuantizeLinear op evaluated on a table-shaped operand (its params are per tensor)."""
+    if tuple(q_op.operands[0].shape) == tuple(shape):
+        return q_op
+    from ...ir.graph import Graph
+    g = Graph("lut")
+    x = g.add_input("x", TensorType(tuple(shape), q_op.operands[0].dtype))
+    return g.create_op(q_op.kind, [x], dict(q_op.attrs),
+                       result_types=[TensorType(tuple(shape), q_op.result.dtype, q_op.result.type.quant)])
 
 
 def dequantize_linear(ctx, a, ins, outs):
