@@ -34,9 +34,11 @@ Error before the final rounding, in output steps (|z| <= (1 + |b|)/a where the g
 * c_1's rounding: y · 1/(2 c_1) <= (hi - lo) / (2 c_1);
 * m2's rounding: relative 2^-(bits of m2) <= 2^-16, times (hi - lo).
 
-:func:`plan` takes k >= 6 and c_1 >= 2^12, which keeps the sum below 0.05 of a step (for
-HardSwish below 0.02 + 255/2^13), so y_q is the correctly rounded y except where y sits within
-that much of a rounding boundary: at most 1 LSB from a float HardSwish quantized once.
+:func:`plan` takes k = 12 where m2 can keep >= 24 bits (else the largest such k >= 6, with >= 16 bits)
+and c_1 >= 2^12: the sum stays below 0.05 of a step in the worst case (k = 6) and near 2^-12 (k = 12),
+so y_q is the correctly rounded y except where y sits within that much of a rounding boundary: at
+most 1 LSB from a float HardSwish quantized once, and equal to it for all but ~0.05 % of values
+(k = 12; a float32 conv in ONNX Runtime is itself about that far from the exact sum).
 
 Clamping p is exact: below -c_b the gate is 0 (u = 0, y = 0 as at -c_b); above
 p_hi = max(c_1 - c_b, 0) + 2^k (hi - lo + 2) the gate is 1 and y = p/2^k already exceeds
@@ -59,10 +61,12 @@ from .requant import quantize_multiplier, rounding_right_shift
 
 HSWISH_ALPHA = 1.0 / 6.0
 HSWISH_BETA = 0.5
-MIN_K = 6                 # p's grid: at least 2^6 finer than y's
+K_TARGET = 12             # p's grid: 2^12 finer than y's where the int64 products allow ...
+MIN_K = 6                 # ... and never coarser than 2^-6 of a step
 MIN_ONE = 2 ** 12         # c_1 >= 2^12: the gate's slope within 2^-13 relative
 MAX_K = 24
-MIN_M2_BITS = 16
+GOOD_M2_BITS = 24         # m2 keeps >= 24 bits unless that forces k below K_TARGET ...
+MIN_M2_BITS = 16          # ... and never fewer than 16
 
 
 def gate(activation_params: Sequence[float], channels: int) -> tuple[np.ndarray, float]:
@@ -94,27 +98,40 @@ def plan(M: Sequence[float], s_out: float, storage: str, slopes: np.ndarray, bet
     s_y = float(np.float32(s_out))
     for Mc, a in zip(M, slopes):
         inv = 1.0 / (float(a) * s_y)                         # 1 / (a s_y): the gate's width in y steps
-        k = max(MIN_K, math.ceil(math.log2(MIN_ONE / inv)) if inv < MIN_ONE else 0)
-        if k > MAX_K:
-            raise ValueError(f"HardSwish gate slope {a} is too steep for the output step {s_y}")
-        m, s = quantize_multiplier(float(Mc) * 2 ** k)
-        one = round(Fraction(inv) * 2 ** k)
-        cbias = round(Fraction(float(beta)) * Fraction(inv) * 2 ** k)
-        p_hi = max(one - cbias, 0) + 2 ** k * (hi - lo + 2)
-        bound = max(p_hi, abs(cbias)) * one
-        bits = min(31, 62 - math.ceil(math.log2(bound + 1)))
-        if bits < MIN_M2_BITS:
-            raise ValueError(f"HardSwish epilogue needs {62 - bits}-bit products: output step {s_y} "
-                             f"too small for gate slope {a}")
-        _, s2 = quantize_multiplier(1.0 / (2 ** k * one))   # normalized: m2 in [2^30, 2^31)
-        s2 -= 31 - bits
-        m2 = round(Fraction(1, 2 ** k * one) * 2 ** s2)
+        k_one = math.ceil(math.log2(MIN_ONE / inv)) if inv < MIN_ONE else 0
+        best = None
+        for k in range(max(K_TARGET, k_one), MIN_K - 1, -1):    # the finest grid whose m2 keeps its bits
+            if k > MAX_K:
+                continue
+            best = _channel(float(Mc), inv, float(beta), k, lo, hi)
+            if best is not None and (best[-1] >= GOOD_M2_BITS or k <= max(MIN_K, k_one)):
+                break
+        if best is None:
+            raise ValueError(f"HardSwish gate slope {a} does not fit an int64 epilogue for output step {s_y}")
+        m, s, cbias, one, m2, s2, p_hi, _ = best
         ms.append(m), ss.append(s), cb.append(cbias), c1.append(one)
         m2s.append(m2), s2s.append(s2), phs.append(p_hi)
     attr = [_compact(v) for v in (cb, c1, m2s, s2s, phs)]
     if len(set(ss)) == 1 and len(set(ms)) == 1:
         ms, ss = ms[:1], ss[:1]
     return ms, ss, attr
+
+
+def _channel(Mc: float, inv: float, beta: float, k: int, lo: int, hi: int):
+    """One channel's (m_pre, s_pre, c_b, c_1, m2, s2, p_hi, bits of m2) on the grid s_y / 2^k, or
+    None when m2 would keep fewer than MIN_M2_BITS bits."""
+    m, s = quantize_multiplier(Mc * 2 ** k)
+    one = round(Fraction(inv) * 2 ** k)
+    cbias = round(Fraction(beta) * Fraction(inv) * 2 ** k)
+    p_hi = max(one - cbias, 0) + 2 ** k * (hi - lo + 2)
+    bound = max(p_hi, abs(cbias)) * one
+    bits = min(31, 62 - math.ceil(math.log2(bound + 1)))
+    if bits < MIN_M2_BITS:
+        return None
+    _, s2 = quantize_multiplier(1.0 / (2 ** k * one))       # normalized: m2 in [2^30, 2^31)
+    s2 -= 31 - bits
+    m2 = round(Fraction(1, 2 ** k * one) * 2 ** s2)
+    return m, s, cbias, one, m2, s2, p_hi, bits
 
 
 def epilogue_attrs(s_in: float, s_w: Sequence[float], out_qp, activation_params, channels: int) -> dict:

@@ -8,6 +8,8 @@ QuantizeLinear whose output keeps the quantized value's name (so a value of the 
 from the ONNX model under the same name)::
 
     QLinearConv(xq, wq, bq) {Relu}   ->  DQ(xq), DQ(wq, axis 0), DQ(bq int32, axis 0) -> Conv -> Relu -> Q
+    ... {HardSwish}                  ->  ... -> Conv -> HardSwish -> Q   (no Q between: ORT computes it in float)
+    ... {HardSwish [alpha, beta, S]} ->  ... -> Conv -> Mul(S) -> HardSigmoid -> Mul(conv, .) -> Q
     QLinearGemm(aq, wq, bq)          ->  DQ ... -> Gemm(transB = 1) -> Q
     QLinearAdd(aq, bq) {Relu}        ->  DQ, DQ -> Add -> Relu -> Q
     QLinearMul(aq, bq) {Relu}        ->  DQ, DQ -> Mul -> Relu -> Q
@@ -42,7 +44,7 @@ _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearA
                "QLinearMul": "Mul",
                "QLinearGlobalAveragePool": "GlobalAveragePool", "QLinearAveragePool": "AveragePool",
                "Requantize": None, "Relu": "Relu", "Clip": "Clip", "Pad": "Pad", "GlobalMaxPool": "GlobalMaxPool"}
-_DROP = ("multiplier", "shift")
+_DROP = ("multiplier", "shift", "hardswish")
 
 
 def export_qdq(graph: Graph, *, float_bias: bool = False) -> onnx.ModelProto:
@@ -75,6 +77,19 @@ def _dq(g: Graph, v: Value, anchor: Op, float_bias: bool = False) -> Value:
                        before=anchor).result
 
 
+def _scaled_hardswish(g: Graph, z: Value, params, name: str, anchor: Op) -> Value:
+    """z · HardSigmoid(S·z; alpha, beta) as the float graph had it (Mul, HardSigmoid, Mul)."""
+    import numpy as np
+    S = np.asarray(params[2:], np.float32)
+    if S.size > 1:
+        S = S.reshape((1, S.size) + (1,) * (z.type.rank - 2))
+    sv = g.add_const(S, g.unique_name(name + "_hswish_scale"))
+    m = g.create_op("Mul", [z, sv], name=f"{name}/hswish_scale", before=anchor).result
+    h = g.create_op("HardSigmoid", [m], {"alpha": float(params[0]), "beta": float(params[1])},
+                    name=f"{name}/hswish_gate", before=anchor).result
+    return g.create_op("Mul", [z, h], name=f"{name}/hswish", before=anchor).result
+
+
 def _expand(g: Graph, op: Op, float_bias: bool) -> None:
     r, name, rname = op.result, op.name, op.result.name
     kind = _FLOAT_FORM[op.kind]
@@ -85,11 +100,16 @@ def _expand(g: Graph, op: Op, float_bias: bool) -> None:
         act, params = "", []
         if kind == "FusedGemm":
             attrs.update(alpha=1.0, beta=1.0, transA=0, transB=1)
+        if attrs.get("activation") == "HardSwish" and attrs.get("activation_params"):
+            act, params = "ScaledHardSwish", attrs["activation_params"]     # the equalized form, spelled out
+            attrs.update(activation="", activation_params=[])
         elif kind in ("Add", "Mul"):
             act, params = attrs.pop("activation", ""), attrs.pop("activation_params", [])
         attrs = {**REGISTRY[kind].defaults, **attrs}
         y = g.create_op(kind, xs, attrs, name=f"{name}/float", result_names=[rname + "_float"], before=op).result
-        if act:
+        if act == "ScaledHardSwish":
+            y = _scaled_hardswish(g, y, params, name, op)
+        elif act:
             y = make_activation(g, act, params, y, name=f"{name}/{act.lower()}", before=op).result
     q = g.create_op("QuantizeLinear", [y], result_types=[TensorType(r.shape, r.dtype, r.type.quant)],
                     name=f"{name}/q", result_names=[rname + "_qdq"], before=op)
