@@ -21,14 +21,18 @@ reference interpreter; :func:`_bias_correction_helps`: it cost uspsnet 0.11 dB),
 ``graph.meta["quant"]["scheme"]["bias_correction"]``. The float graph itself is not changed (unlike the ``bias-correct`` pass, whose helpers this reuses). Steps:
 
 1. prepare: what an integer kernel cannot fuse is split off: FusedConv(X, W, B, Z) becomes
-   FusedConv(X, W, B) -> Add(., Z) -> activation, and activations other than Relu/Clip
-   (HardSwish, Sigmoid, LeakyRelu, ...) become standalone ops that stay float.
+   FusedConv(X, W, B) -> Add(., Z) -> activation, and activations other than Relu/Clip/HardSwish
+   (Sigmoid, LeakyRelu, ...) become standalone ops that stay float.
 2. plan, in topological order (``keep_float`` names or kinds stay float):
 
    ===============================================  =========================================
    float op                                         becomes
    ===============================================  =========================================
    Conv, FusedConv (act "", Relu, Clip), const W/B  QLinearConv (rank-4 input)
+   FusedConv/FusedGemm act HardSwish, or a          QLinearConv/QLinearGemm with activation
+   Conv/Gemm whose output z feeds only              "HardSwish": an integer epilogue with ONE
+   z·HardSigmoid(S·z) (equalize's form, S > 0)      quantization point (qcompiler.quant.hardswish)
+   HardSwish after a QLinear conv/gemm (one use)    the same epilogue
    Gemm, FusedGemm, MatMul with const W             QLinearGemm (2-D input, transA = 0, bias
                                                     with N elements; W stored N x K)
    Add                                              QLinearAdd, when an operand is quantized
@@ -44,7 +48,7 @@ reference interpreter; :func:`_bias_correction_helps`: it cost uspsnet 0.11 dB),
    Concat                                           Concat of quantized values sharing the output's
                                                     params (Requantize where an input differs and
                                                     its producer cannot emit them directly)
-   anything else (Softmax, Sigmoid, HardSwish...)   float, DequantizeLinear before it and
+   anything else (Softmax, Sigmoid, ...)            float, DequantizeLinear before it and
                                                     QuantizeLinear after it where needed
    ===============================================  =========================================
 

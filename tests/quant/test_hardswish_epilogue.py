@@ -67,12 +67,21 @@ SCALED = """graph @g(%x: tensor<2x3x6x6xf32>) {
 }"""
 
 
+PLAIN = """graph @g(%x: tensor<2x3x6x6xf32>) {
+  %w = const dense<[%W%]> : tensor<4x3x3x3xf32>
+  %b = const dense<[0.5, -0.25, 0.1, 0.0]> : tensor<4xf32>
+  %z = Conv(%x, %w, %b) {dilations = [1, 1], group = 1, pads = [1, 1, 1, 1], strides = [1, 1]} : tensor<2x4x6x6xf32>
+  %y = HardSwish(%z) : tensor<2x4x6x6xf32>
+  return %y
+}"""
+
+
 def _model(text):
     w = np.random.default_rng(1).normal(0, 0.5, 108)
     return parse_graph(text.replace("%W%", ", ".join(f"{v:.4f}" for v in w)))
 
 
-@pytest.mark.parametrize("text, gate", [(FUSED, 0), (SCALED, 6)])
+@pytest.mark.parametrize("text, gate", [(FUSED, 0), (SCALED, 6), (PLAIN, 0)])
 def test_quantize_folds_hardswish_into_one_quantization_point(text, gate):
     g = _model(text)
     float_g = g.clone()
