@@ -453,6 +453,71 @@ def test_dot_instructions_emitted():
         assert asm.count(instr) >= 1, f"{name}: no {instr} in the generated code"
 
 
+# ---- depthwise on exact float32 FMAs -----------------------------------------------------------------
+def _extreme_depthwise(storage, c, k, p):
+    """A depthwise QLinearConv whose window sums reach the exactness bound: activations at the
+    storage extremes, weights 127/-128. One output step is 40 accumulator units, so most outputs
+    saturate and those whose sums land within about ±5000 of the zero point resolve the sum to 40."""
+    g = Graph("q")
+    qx = ACT[storage]
+    x = g.add_input("x", TensorType((1, c, k[0] + 3, k[1] + 2), storage, qx))
+    wq = RNG.choice(np.array([-128, 127], np.int8), (c, 1, *k))
+    ws = (0.004,) * c
+    qw = QuantParams("int8", ws, (0,) * c, axis=0)
+    qb = QuantParams("int32", tuple(float(np.float32(qx.scale[0]) * np.float32(v)) for v in ws), (0,) * c, axis=0)
+    so = float(np.float32(qx.scale[0]) * np.float32(ws[0])) * 40.0          # 40 accumulator units per step
+    qo = QuantParams(storage, (so,), (128,) if storage == "uint8" else (0,))
+    ms, ss = conv_multipliers(qx.scale[0], ws, so)
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": list(p), "group": c, "activation": "",
+             "activation_params": [], "multiplier": ms, "shift": ss}
+    ops = [x, g.add_const(wq, "w", qw), g.add_const(RNG.integers(-3000, 3000, c).astype(np.int32), "b", qb)]
+    shape = infer_types("QLinearConv", [v.type for v in ops], attrs)[0].shape
+    g.outputs = [g.create_op("QLinearConv", ops, attrs, result_types=[TensorType(shape, storage, qo)]).result]
+    lo, hi = (0, 255) if storage == "uint8" else (-128, 127)
+    xv = RNG.choice(np.array([lo, hi, hi, lo + 1, hi - 1]), (1, c, k[0] + 3, k[1] + 2)).astype(storage)
+    return g, {"x": xv}, wq
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("c, k, p, f32", [
+    (16, (7, 7), (3, 3, 3, 3), True),          # 49 taps x 255 x 128 = 1.6e6 < 2^24: float32 FMAs
+    (8, (5, 5), (0, 0, 0, 0), True),           # no padding: the conversion runs in the packing stage
+    (4, (23, 23), (1, 1, 1, 1), False),        # uint8: 529 x 255 x 128 > 2^24, the int16 kernel; int8: 8.7e6 < 2^24
+])
+def test_depthwise_exact_f32_bit_exact(monkeypatch, storage, c, k, p, f32):
+    """The depthwise int8 conv on float32 FMAs is bit-exact at the largest sums it accepts, and a
+    window whose sums could leave the exact float32 range keeps the integer kernel."""
+    from qcompiler.codegen.kernels import conv, quant
+    g, feeds, wq = _extreme_depthwise(storage, c, k, p)
+    bound = conv.exact_f32_bound(storage, wq)
+    want_f32 = bound < conv.F32_EXACT
+    if storage == "uint8":
+        assert want_f32 == f32, (bound, conv.F32_EXACT)
+    used = []
+
+    def spy(*args, **kw):
+        r = conv.depthwise_int_exact_f32(*args, **kw)
+        used.append(r is not None)
+        return r
+    monkeypatch.setattr(quant, "depthwise_int_exact_f32", spy)
+    check_exact(g, feeds, f"depthwise {storage} {k} f32={want_f32}")
+    assert used == [want_f32]
+
+
+def test_exact_f32_bound():
+    w = np.zeros((3, 1, 7, 7), np.int8)
+    w[1] = -128
+    w[2, 0, 0, :3] = 127
+    assert conv_bound("uint8", w) == 255 * 128 * 49
+    assert conv_bound("int8", w) == 128 * 128 * 49
+    assert conv_bound("float32", w) >= 1 << 24                 # unknown storage: never the float path
+
+
+def conv_bound(storage, w):
+    from qcompiler.codegen.kernels.conv import exact_f32_bound
+    return exact_f32_bound(storage, w)
+
+
 # ---- end to end -----------------------------------------------------------------------------------
 def _quantized_model(model: str, data, n_calib: int, batch: int):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))

@@ -12,6 +12,16 @@ Weights are re-laid out at compile time:
   FMAs), the ``bi`` input channels an unrolled scalar-broadcast loop;
 * depthwise ``(C, 1, R, S)`` → ``(C/b, R, S, b)``;
 * ConvTranspose ``(C, K/g, R, S)`` → ``(C, R, S, K/g)``.
+
+The int8 depthwise conv (:func:`depthwise_int_exact_f32`) runs on this float kernel exactly: the
+stored integers are converted to float32 once, in the padding stage, and the window sum is formed
+with float32 FMAs. Every product ``x·w`` and every partial sum is an integer of magnitude at most
+``max|x| · Σ_taps |w|`` (max|x| = 255 for uint8, 128 for int8); when that bound is below 2^24 every
+such integer is a float32 and every rounding is the identity, so the float sum equals the int32 sum
+bit for bit, in any summation order (IEEE 754 addition/FMA of representable integers whose exact
+result is representable is exact). The bound is checked per channel at compile time; otherwise the
+caller keeps the int16-product kernel. One FMA per 16 multiply-adds replaces the int16 path's
+load/vpmullw/widen/vpaddd sequence.
 """
 from __future__ import annotations
 
@@ -98,6 +108,49 @@ def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0,
     acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
     ctx.schedule("conv2d", reg_n=_reg_n(ow, ctx, bo), pad=padded, block=bo)
     return acc, bo
+
+
+F32_EXACT = 1 << 24          # every integer of magnitude <= 2^24 is a float32
+
+
+def exact_f32_bound(x_dtype: str, w: np.ndarray) -> int:
+    """The largest |partial sum| of ``Σ_taps x·w`` over channels for stored ``x`` of ``x_dtype``:
+    max|x| · max_c Σ_taps |w[c]|."""
+    xmax = {"uint8": 255, "int8": 128}.get(x_dtype)
+    if xmax is None or w.size == 0:
+        return F32_EXACT
+    return xmax * int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max())
+
+
+class _AsF32(LTensor):
+    """A stored-integer tensor read as float32 (keeps the producer's channel block)."""
+
+    def __init__(self, x: LTensor):
+        self.x, self.shape, self.dtype = x, x.shape, F32
+
+    @property
+    def block(self) -> int:
+        return self.x.block
+
+    def at(self, idx):
+        return cast(self.x.at(idx), F32)
+
+
+def depthwise_int_exact_f32(ctx, a, x: LTensor, w: np.ndarray, out_shape, zx: int):
+    """The integer depthwise sum ``Σ_taps x·w`` (stored x, padding with ``zx``) computed exactly on
+    the float32 kernel (see the module docstring), or None when the exactness bound fails.
+    Returns ``acc_at(idx)``: the int32 accumulator element at logical NCHW ``idx``."""
+    if exact_f32_bound(x.dtype, w) >= F32_EXACT:
+        return None
+    (sh, sw), _, _ = _attrs2d(a)
+    if w.shape[2] * w.shape[3] > 8 * sh * sw:
+        acc, b = conv2d_accumulate(ctx, a, _AsF32(x), w.astype(np.float32), out_shape,
+                                   lambda p, q: p * cast(q, F32), fill=float(zx), name="qw")
+    else:
+        acc, b = conv2d_accumulate(ctx, a, x, w.astype(np.float32), out_shape,
+                                   lambda p, q: cast(p, F32) * cast(q, F32), fill=zx, name="qw")
+    accb = Buf(acc, out_shape, F32, b)
+    return lambda idx: cast(accb.at(idx), "int32")
 
 
 def conv2d(ctx, a, ins, outs):

@@ -32,7 +32,7 @@ from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from . import elementwise as kelem
 from . import qdot
-from .conv import _attrs2d, conv2d_accumulate, pick_block
+from .conv import _attrs2d, conv2d_accumulate, depthwise_int_exact_f32, pick_block
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
 
 I32, I64, F32 = "int32", "int64", "float32"
@@ -44,6 +44,11 @@ def _mul(x, w):
     fits exactly), which LLVM vectorizes as 16-bit multiplies (vpmullw / vpmaddwd) instead of
     32-bit ones (vpmulld: half the throughput)."""
     return cast(cast(x, I16) * cast(w, I16), I32)
+
+
+def _is_x86(ctx) -> bool:
+    spec = getattr(getattr(ctx, "low", None), "spec", None)
+    return getattr(spec, "family", None) == "x86"
 
 
 def _qp(ctx, i):
@@ -128,8 +133,9 @@ def _hardswish_fn(ctx, a, out_type, channels: int | None):
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
 def qconv2d(ctx, a, ins, outs):
-    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI, else (and for
-    depthwise convs, see :mod:`.qdot`) the blocked conv with int16 products."""
+    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI; depthwise convs
+    on x86 the float32 kernel, exact while max|x|·Σ|w| < 2^24 (:func:`.conv.depthwise_int_exact_f32`);
+    else the blocked conv with int16 products."""
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -140,7 +146,10 @@ def qconv2d(ctx, a, ins, outs):
     k, cg = w.shape[:2]
     isa = qdot.isa_of(ctx)
     depthwise = cg == 1 and k == a["group"] and k > 1
-    if not depthwise and qdot.applicable(isa, x, w):
+    exact = depthwise_int_exact_f32(ctx, a, x, w, out_shape, zx) if depthwise and _is_x86(ctx) else None
+    if exact is not None:
+        acc_at = exact                      # float32 FMAs, exact: see :mod:`.conv`
+    elif not depthwise and qdot.applicable(isa, x, w):
         acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
