@@ -332,28 +332,46 @@ def cmd_compile(args, log) -> int:
                                       preprocess=Preprocess.parse(args.preprocess) if args.preprocess else None,
                                       batch=g.inputs[0].shape[0] if g.inputs and g.inputs[0].shape else 1,
                                       random_calib_samples=min(args.calib_samples, 64))
+    ops_before, params_before = g.op_histogram(), g.param_count()
     pm = run_pipeline(g, args, log)
     if args.export_qdq:
         from .quant.qdq_export import save_qdq
         save_qdq(g, args.export_qdq)
         log(f"wrote {args.export_qdq} (QDQ ONNX of the quantized model)")
+    from . import report_html
+    from .quant import report
+    from .quant.dfq import artifact_files
+    from .quant.dfq import report as dfq_report
+    data = report_html.compile_data(g, pm, model=os.path.basename(args.model), target=spec.family,
+                                    dtype=spec.dtype, ops_before=ops_before, params_before=params_before,
+                                    timings=args.time_passes)     # seconds only on request: not reproducible
     extra, done = {}, {}
-    if spec.dtype == "int8" and is_quantized(g):
+    quantized = spec.dtype == "int8" and is_quantized(g)
+    if quantized:
         calib = pm.ctx.options["quantize"].calib
         rep = report.build_report(
             pm.ctx.data.get("quantize.float_graph"), g, evaluation, percentile=args.percentile,
             model=os.path.basename(args.model), target=spec.family,
             calibration={"source": args.calib, "samples": calib.num_samples if calib is not None
                          else min(args.calib_samples, 64), "method": args.calib_method})
+        rep.update(data)
+    else:
+        rep = {"format_version": report.FORMAT_VERSION, **data, "layers": report_html.float_layers(g),
+               "size": {"params_fp32_bytes": g.param_count()[1]}}
 
-        def report_json(manifest):
-            done["report"] = report.with_library_size(rep, manifest["library"]["bytes"])
-            return report.to_json(done["report"])
-        extra[report.REPORT] = report_json
-    from .quant.dfq import artifact_files
-    extra.update(artifact_files(g.meta.get("equalize")))       # equalization.svg/.json when equalize ran
+    def full_report(manifest):                                 # report.json and report.html, once
+        if "report" not in done:
+            r = report.with_library_size(rep, manifest["library"]["bytes"]) if quantized else \
+                {**rep, "size": {**rep["size"], "library_fp32_bytes": manifest["library"]["bytes"]}}
+            done["report"] = {**r, "warnings": report_html.warnings_of(r)}
+        return done["report"]
+    eq = g.meta.get("equalize")
+    extra[report.REPORT] = lambda m: report.to_json(full_report(m))
+    extra[report_html.HTML_NAME] = lambda m: report_html.render(
+        full_report(m), equalization=dfq_report(eq) if eq and eq.get("layers") else None).encode()
+    extra.update(artifact_files(eq))                           # equalization.svg/.json when equalize ran
     out = write_artifact(g, spec, args.output, extra_files=extra)
-    if "report" in done and not args.quiet:
+    if quantized and not args.quiet:
         print(report.format_table(done["report"]), end="")
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0

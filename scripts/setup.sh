@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-need=()
-for p in gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user; do
+need=()   # chromium: tests/test_report_html.py renders OUT/report.html headless
+for p in gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user chromium; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

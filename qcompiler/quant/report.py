@@ -3,7 +3,7 @@
 Per quantized layer, in graph order (every op whose result is a quantized value: QuantizeLinear,
 QLinearConv/Gemm/Add/pooling, Requantize, and the ops that carry their input's params such as
 MaxPool or Reshape; plus the ops the quantizer kept float): name, op kind, precision, output scale
-and zero point, the weight scales (per channel: count, min, max), how the range was set, and
+and zero point, output shape, the weight scales (per channel: count, min, max), how the range was set, and
 
     SQNR = 10 log10( Σ r² / Σ (dequantize(q) - r)² )  dB
 
@@ -177,7 +177,8 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         if not _is_layer(op, float_layers):
             continue
         qp = op.result.type.quant
-        row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name}
+        row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name,
+                               "shape": list(op.result.shape)}
         if qp is None:
             row.update(precision="float", reason=info.get(op.name, {}).get("reason", ""))
             rows.append(row)
