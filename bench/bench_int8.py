@@ -193,13 +193,7 @@ def build_ort_int8(case: Case, tmp: Path) -> tuple[str, float]:
     return str(dst), time.perf_counter() - t0
 
 
-def _median_ms(fn, iters: int) -> float:
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:

@@ -29,13 +29,7 @@ import realmodels  # noqa: E402
 from realmodels import all_models, ort_session  # noqa: E402
 
 
-def _median_ms(fn, iters: int) -> float:
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def bench_model(m, rounds: int, iters: int, threads: int, passes: str = "default"):

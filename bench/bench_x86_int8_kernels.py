@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -48,13 +47,7 @@ LAYERS = {
 GEMMS = {"gemm 1x1024->1000": (1, 1024, 1000), "gemm 64x512->384": (64, 512, 384)}
 
 
-def _median_ms(fn, iters: int) -> float:
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def _compile(g, spec):
