@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--arch", default="sm_90", help="CUDA architectures, comma-separated (default sm_90)")
     c.add_argument("--features", default="", help="extra LLVM features, e.g. +dotprod,+fullfp16")
     c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write")
+    c.add_argument("--json", action="store_true",
+                   help="print the build report (OUT/report.json, plus the artifact path) as JSON on stdout "
+                        "instead of the table")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
 
@@ -371,7 +374,10 @@ def cmd_compile(args, log) -> int:
         full_report(m), equalization=dfq_report(eq) if eq and eq.get("layers") else None).encode()
     extra.update(artifact_files(eq))                           # equalization.svg/.json when equalize ran
     out = write_artifact(g, spec, args.output, extra_files=extra)
-    if quantized and not args.quiet:
+    if args.json:
+        print(json.dumps({"artifact": str(out), "files": sorted(os.listdir(out)), "report": done["report"]},
+                         indent=2, sort_keys=True))
+    elif quantized and not args.quiet:
         print(report.format_table(done["report"]), end="")
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0

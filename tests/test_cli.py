@@ -397,3 +397,26 @@ def test_run_writes_outputs(x86_artifact, tmp_path, capsys):
     assert code == 0, err
     y = np.load(tmp_path / "y.npy")
     assert y.shape == (6, 8) and np.all(y >= 0)          # tiny: relu(x @ w + b)
+
+
+def test_compile_json_is_the_report_on_stdout(tmp_path, capsys):
+    """`--json`: stdout is one JSON object, the artifact path, its files and OUT/report.json's content
+    (the log stays on stderr), for fp32 and int8."""
+    import json
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "mnistnet.onnx")
+    x = np.random.default_rng(0).random((16, 1, 28, 28), dtype=np.float32)
+    np.save(tmp_path / "calib.npy", x)
+    for dtype, extra in (("fp32", []), ("int8", ["--calib", str(tmp_path / "calib.npy"), "--calib-samples", "8",
+                                                 "--eval-samples", "8"])):
+        out = tmp_path / dtype
+        code, stdout, err = run(capsys, model, "--dtype", dtype, "-o", str(out), "--json", *extra)
+        assert code == 0, err
+        doc = json.loads(stdout)
+        assert doc["artifact"] == str(out) and doc["files"] == sorted(os.listdir(out))
+        assert doc["report"] == json.loads((out / "report.json").read_text())
+        assert doc["report"]["dtype"] == dtype
+        if dtype == "int8":
+            assert doc["report"]["calibration"]["samples"] == 8 and doc["report"]["evaluation"]["samples"] == 8
+        else:
+            assert "calibration" not in doc["report"] and "evaluation" not in doc["report"]
+        assert "wrote" in err
