@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import realmodels  # noqa: E402
 
-from qcompiler.frontend.onnx_import import import_onnx  # noqa: E402
 from qcompiler.passes import PassContext, PassManager, run_passes  # noqa: E402
 from qcompiler.passes.quantize import QuantizeOptions  # noqa: E402
 from qcompiler.quant import reference, sqnr_db  # noqa: E402
@@ -83,20 +82,6 @@ def ocr_cls_case(n_calib: int = 32, n_test: int = 128) -> Case | None:
 
 
 CASES = {"fashion_mobilenet": fashion_case, "rapidocr-cls": ocr_cls_case}
-
-
-def import_batched(model, batch: int, sample_shape: tuple):
-    """The float graph after the default passes, input ``(batch, *sample_shape)``."""
-    import onnx
-    m = onnx.load(model) if isinstance(model, str) else model
-    m = onnx.ModelProto.FromString(m.SerializeToString())
-    for v in list(m.graph.input) + list(m.graph.output):
-        v.type.tensor_type.shape.dim[0].dim_param = "N"
-    del m.graph.value_info[:]
-    name = m.graph.input[0].name
-    g = import_onnx(m, {name: (batch, *sample_shape)})
-    run_passes(g)
-    return g, name
 
 
 def run_graph(g, name: str, xs: np.ndarray, batch: int) -> np.ndarray:
@@ -154,7 +139,8 @@ def _row(fp32, out, labels):
 
 def measure(case: Case, recipes=RECIPES, ort: bool = True) -> dict:
     """{label: {sqnr_db, agreement[, top1]}} plus "fp32" (top1 with labels) and "ort" rows."""
-    g0, name = import_batched(case.model, case.batch, case.test.shape[1:])
+    g0, name = realmodels.import_batched(case.model, (1, *case.test.shape[1:]), case.batch)
+    run_passes(g0)
     fp32 = run_graph(g0, name, case.test, case.batch)
     res = {"fp32": {"top1": 100 * float(np.mean(fp32.argmax(1) == case.labels)) if case.labels is not None
                     else None}}

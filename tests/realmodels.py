@@ -285,3 +285,17 @@ def project_models() -> list[RealModel]:
 
 def all_models() -> list[RealModel]:
     return rapidocr_models() + project_models() + light_models()
+
+
+def import_batched(model, shape, batch):
+    """Import with a static batch of ``batch`` samples: the model's batch dimension made symbolic
+    first (the exporters fixed it at 1); the importer resolves the shape arithmetic for it.
+    ``shape`` is one sample's input shape with its leading batch dimension; returns (graph, input name)."""
+    from qcompiler.frontend import import_onnx
+    m = onnx.load(model) if isinstance(model, str) else model
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    for v in list(m.graph.input) + list(m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    del m.graph.value_info[:]
+    name = m.graph.input[0].name
+    return import_onnx(m, {name: (batch, *shape[1:])}), name

@@ -143,7 +143,9 @@ def test_qlineargemm_bit_exact(storage, m, k, n):
     _gemm_exact(storage, m, k, n, SPEC)
 
 
-def _gemm_exact(storage, m, k, n, spec):
+def _qgemm_graph(storage, m, k, n, qo, attrs):
+    """a (m x k, ``storage``) -> QLinearGemm with random int8 weights (per-channel scales ``ws``) and
+    int32 bias -> (m x n) with params ``qo``; ``attrs(ws)`` gives the op's requantization attrs."""
     g = Graph("q")
     qa = ACT[storage]
     a = g.add_input("a", TensorType((m, k), storage, qa))
@@ -151,10 +153,17 @@ def _gemm_exact(storage, m, k, n, spec):
     w = g.add_const(RNG.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
     b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
                     QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
-    qo = QuantParams(storage, (0.04,), (10,))
-    ms, ss = conv_multipliers(qa.scale[0], ws, 0.04)
-    g.outputs = [g.create_op("QLinearGemm", [a, w, b], {"multiplier": ms, "shift": ss, "activation": "Relu"},
-                             result_types=[TensorType((m, n), storage, qo)]).result]
+    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs(ws), result_types=[TensorType((m, n), storage, qo)]).result]
+    return g
+
+
+def _gemm_exact(storage, m, k, n, spec):
+    qa, qo = ACT[storage], QuantParams(storage, (0.04,), (10,))
+
+    def attrs(ws):
+        ms, ss = conv_multipliers(qa.scale[0], ws, 0.04)
+        return {"multiplier": ms, "shift": ss, "activation": "Relu"}
+    g = _qgemm_graph(storage, m, k, n, qo, attrs)
     check_exact(g, {"a": qin(qa, (m, k))}, f"QLinearGemm {storage} {m}x{k}x{n}", spec)
 
 
@@ -423,18 +432,14 @@ def test_qlinearconv_hardswish_epilogue_bit_exact(strict, isa, storage, c, o, gr
 @pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("storage, m, k, n, gate", [("uint8", 3, 21, 10, "standard"), ("int8", 4, 64, 33, "scaled")])
 def test_qlineargemm_hardswish_epilogue_bit_exact(strict, isa, storage, m, k, n, gate):
-    g = Graph("q")
     qa = ACT[storage]
-    a = g.add_input("a", TensorType((m, k), storage, qa))
-    ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, n))
-    w = g.add_const(RNG.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
-    b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
-                    QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
     qo = QuantParams(storage, (0.02,), (-100 if storage == "int8" else 20,))
-    params = list(_gate_params(gate, n))
-    attrs = {"activation": "HardSwish", "activation_params": params,
-             **hardswish.epilogue_attrs(qa.scale[0], ws, qo, params, n)}
-    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs, result_types=[TensorType((m, n), storage, qo)]).result]
+
+    def attrs(ws):
+        params = list(_gate_params(gate, n))
+        return {"activation": "HardSwish", "activation_params": params,
+                **hardswish.epilogue_attrs(qa.scale[0], ws, qo, params, n)}
+    g = _qgemm_graph(storage, m, k, n, qo, attrs)
     check_exact(g, {"a": qin(qa, (m, k))}, f"{isa} QLinearGemm HardSwish {storage} {m}x{k}x{n}", isa_spec(isa))
 
 

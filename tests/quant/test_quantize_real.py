@@ -26,7 +26,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qcompiler.frontend import import_onnx
 from qcompiler.frontend.onnx_export import export_onnx
 from qcompiler.passes import PassContext, PassManager, run_passes
 from qcompiler.passes.expand_fused import expand_fused
@@ -162,16 +161,7 @@ def ref_batches(graph, name, xs, batch, values):
     return [np.concatenate([p[i] for p in parts]) for i in range(len(values))]
 
 
-def import_batched(model, shape, batch):
-    """Import with a static batch of ``batch`` samples: the model's batch dimension made symbolic
-    first (the exporters fixed it at 1); the importer resolves the shape arithmetic for it."""
-    m = onnx.load(model) if isinstance(model, str) else model
-    m = onnx.ModelProto.FromString(m.SerializeToString())
-    for v in list(m.graph.input) + list(m.graph.output):
-        v.type.tensor_type.shape.dim[0].dim_param = "N"
-    del m.graph.value_info[:]
-    name = m.graph.input[0].name
-    return import_onnx(m, {name: (batch, *shape[1:])}), name
+import_batched = realmodels.import_batched
 
 
 def last_quantized(graph):
