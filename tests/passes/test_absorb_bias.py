@@ -1,9 +1,13 @@
 """absorb-bias: c = max(0, β − 3γ) moves from a layer's bias across ReLU into the next layer's bias;
-only where the next layer reads no zero padding; BN statistics required and updated."""
+only where the next layer reads no zero padding; BN statistics required and updated; with
+calibration data, c is lowered to the smallest pre-activation seen on it."""
 from __future__ import annotations
 
 import numpy as np
 from ir_check import ort_outputs, run_ir, unchanged
+
+from qcompiler.passes import PassContext
+from qcompiler.passes.quantize import QuantizeOptions
 
 from qcompiler.ir import parse_graph
 from qcompiler.ir.printer import fmt_dense
@@ -53,6 +57,29 @@ def test_depthwise_golden_and_fp32():
     # pre-activations stay above c here (|w1·x| small), so the function is unchanged
     got = ort_outputs(g, feeds)
     assert np.abs(got[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+
+
+def test_calibration_data_lowers_c_to_the_observed_minimum():
+    """Inputs 100x larger than the BN statistics assume push channel 0's pre-activation (β = 5)
+    below c = 2: c becomes min over the data of w1·x + b1 (clipped at 0), and the outputs stay
+    exact on that data. Channel 2 (c = 1.5) is checked the same way."""
+    w1, b1, wd, bd, stats = weights()
+    rng = np.random.default_rng(2)
+    calib = [{"x": (rng.standard_normal((1, 2, 5, 5)) * 100).astype(np.float32)} for _ in range(4)]
+    pre = np.stack([np.einsum("oc,chw->ohw", w1[:, :, 0, 0], f["x"][0]) + b1[:, None, None] for f in calib])
+    m = pre.min(axis=(0, 2, 3))
+    want = np.maximum(0.0, np.minimum([2.0, 0.0, 1.5, 0.0], m))
+    assert 0 < want[0] < 2.0                                       # the data really contradicts the BN stats
+    for ctx in (PassContext(options={"absorb-bias": {"calib": calib}}),
+                PassContext(options={"quantize": QuantizeOptions(calib=calib)})):   # the compile's data
+        g = parse_graph(chain(w1, b1, wd, bd))
+        g.meta["bn_stats"] = {k: dict(v) for k, v in stats.items()}
+        refs = [ort_outputs(g, f)[0] for f in calib]
+        run_ir(g, "absorb-bias", ctx)
+        np.testing.assert_allclose(g.meta.get("absorb_bias", {}).get("c1", [0.0] * 4), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g.meta["absorb_bias_check"]["c1"]["observed_min"], m, rtol=1e-5, atol=1e-5)
+        for f, ref in zip(calib, refs):
+            assert np.abs(ort_outputs(g, f)[0] - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
 def test_skips_padded_consumer_missing_stats_and_clip():

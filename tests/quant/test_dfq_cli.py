@@ -24,11 +24,11 @@ PIPE = ["fold-bn", "fuse-act", "quantize"]
 
 def test_recipe_inserts_the_passes_before_quantize():
     assert dfq.dfq_recipe(PIPE, equalize=True, bias_correction="analytic") == (
-        ["fold-bn", "fuse-act", "relu6-to-relu", "equalize", "bias-correct", "quantize"], False)
+        ["fold-bn", "fuse-act", "relu6-to-relu", "equalize", "absorb-bias", "bias-correct", "quantize"], False)
     assert dfq.dfq_recipe(PIPE, equalize=False, bias_correction="empirical") == (PIPE, True)
     assert dfq.dfq_recipe(PIPE, equalize=False, bias_correction="none") == (PIPE, False)
     assert dfq.dfq_recipe(["fold-bn"], equalize=True, bias_correction="none") == (
-        ["fold-bn", "relu6-to-relu", "equalize"], False)
+        ["fold-bn", "relu6-to-relu", "equalize", "absorb-bias"], False)
     assert dfq.equalize_default(per_channel=False) and not dfq.equalize_default(per_channel=True)
     with pytest.raises(UserError, match="needs the quantize pass"):
         dfq.dfq_recipe(["fold-bn"], equalize=False, bias_correction="analytic")
