@@ -1,0 +1,370 @@
+"""Per-layer int8 and float latency on the target, for latency-aware selective unquantization.
+
+Selective unquantization (issue #7) keeps a set F of layers in float. Accuracy-only tools pick F by
+damage alone and can make a model *slower than plain float*: every float island costs its float
+kernels plus a QuantizeLinear/DequantizeLinear conversion at each of its boundaries, and on some
+layers the int8 kernel is not faster than the float one in the first place. This module predicts
+the latency of a mixed-precision build for any F, so that the selection
+(:func:`qcompiler.quant.select.select_float_layers`, ``cost=costs.latency``) can prefer, among the
+sets that meet the accuracy budget, the fastest one::
+
+    T(F) = Σ_{l int8 under F} t8[l]  +  Σ_{l float under F} tf[l]  +  Σ_{c in conv(F)} (a + b · n_c)
+
+* "int8/float under F" is the quantize pass's own plan (:func:`qcompiler.passes.quantize._plan`)
+  with ``keep_float ∪ F``: a MaxPool or Relu after a float conv turns float too, exactly as in the
+  build, so T sees what the compiler will emit;
+* conv(F) are the conversions that plan inserts: a QuantizeLinear for every float value entering
+  an int8 op and a DequantizeLinear for every int8 value read by a float op or returned by the
+  graph (both once per value, as the rewrite shares them), with n_c elements each. The input's Q
+  and the output's DQ of an all-int8 model are counted too, so :meth:`LayerCosts.boundaries` of
+  the empty set is 2 for a one-input one-output CNN, and an island of k float layers in a chain
+  adds 2 (merging two islands that are one int8 layer apart removes 2);
+* t8[l], tf[l]: measured on the host (``measure=True``, the default for x86 targets on an x86
+  host): the model is lowered and compiled once all-int8 and once all-float with the real code
+  generator (:mod:`qcompiler.codegen.lower`), every kernel (one TIR PrimFunc per fused group) is
+  timed alone with TVM's ``time_evaluator`` (median of ``repeats`` rounds of at least
+  ``min_repeat_ms``; its constants are the real weights, its activations seeded random data), and
+  a kernel's time is split over the IR layers fused into it in proportion to their work (MACs for
+  conv/gemm, elements otherwise: a fused bias/residual/activation epilogue gets a small share);
+  time attributed to a Q/DQ inside a kernel is left to the conversion term. Layer names are the
+  op names of the float graph after the quantize pass's prepare step, which are the names the
+  quantized ops keep (``graph.meta["quant"]["layers"]``);
+* a, b: a standalone QuantizeLinear and DequantizeLinear kernel timed at two sizes (4,096 and
+  262,144 elements) and fit with a line (the average of Q and DQ; a conversion fused into a conv's
+  epilogue costs less, so this errs on the side of merging islands).
+
+Without a host measurement (``--target arm`` or ``cuda`` from this x86 machine) an analytic model
+gives t = MACs / R[precision] + bytes / BW with the per-family constants in :data:`ANALYTIC`
+(MAC rates: x86 from the 3x3 conv of /work/shared/tvm-notes (115.6 MMAC: TVM fp32 1.57 ms, int8
+0.73 ms on 2 cores); arm and cuda are stated assumptions, not measurements, and only their ratios
+matter to the choice).
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ..ir.graph import Graph, Op, Value
+
+CONV_KINDS = ("Conv", "FusedConv", "QLinearConv", "ConvTranspose")
+GEMM_KINDS = ("Gemm", "FusedGemm", "QLinearGemm", "MatMul")
+POOL_KINDS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "QLinearGlobalAveragePool",
+              "QLinearAveragePool")
+CONVERSIONS = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass(frozen=True)
+class Analytic:
+    """Throughput constants of the analytic cost model: MACs per ms by precision, bytes per ms,
+    and a fixed per-kernel overhead (ms)."""
+    mac_per_ms: dict
+    bytes_per_ms: float
+    kernel_ms: float
+
+
+ANALYTIC = {
+    # x86: tvm-notes, 1x64x56x56 3x3 conv, 115.6 MMAC: fp32 1.57 ms, int8 (AVX2 u8 x s8) 0.73 ms
+    "x86": Analytic({"int8": 158e6, "fp32": 74e6, "fp16": 74e6}, 10e6, 0.002),
+    # arm (assumed, cortex-a76 class, 128-bit NEON, our int8 kernels are plain loops: ~1.5x fp32)
+    "arm": Analytic({"int8": 30e6, "fp32": 20e6, "fp16": 20e6}, 5e6, 0.004),
+    # cuda (assumed; dlight's generic rules, one thread per output element)
+    "cuda": Analytic({"int8": 2e9, "fp32": 1e9, "fp16": 1e9}, 500e6, 0.005),
+}
+BYTES = {"int8": 1, "fp32": 4, "fp16": 2}
+
+
+# ---- work of one op ---------------------------------------------------------------------------------
+def _numel(v: Value) -> int:
+    return int(np.prod(v.shape)) if v.shape else 1
+
+
+def macs(op: Op) -> int:
+    """Multiply-accumulates of a conv/gemm op (0 for others)."""
+    if op.kind in CONV_KINDS:
+        w = op.operands[1]
+        return _numel(op.result) * int(np.prod(w.shape[1:]))
+    if op.kind in GEMM_KINDS:
+        a = op.operands[0]
+        k = a.shape[0] if op.attrs.get("transA", 0) else a.shape[-1]
+        return _numel(op.result) * int(k)
+    return 0
+
+
+def work(op: Op) -> float:
+    """Relative work of an op for splitting a fused kernel's time: MACs for conv/gemm, the input
+    size for pooling, else the largest operand/result size."""
+    m = macs(op)
+    if m:
+        return float(m)
+    acts = [v for v in op.operands if v is not None and not v.is_const]
+    if op.kind in POOL_KINDS and acts:
+        return float(_numel(acts[0]))
+    return float(max([_numel(r) for r in op.results] + [_numel(v) for v in acts] + [1]))
+
+
+# ---- the cost table -------------------------------------------------------------------------------
+@dataclass
+class Conversion:
+    value: str              # the float value converted
+    kind: str               # "Q" (float -> int8) or "DQ" (int8 -> float)
+    elements: int
+
+
+@dataclass
+class LayerCosts:
+    """Per-layer costs (ms) of one model on one target; see the module docstring for T(F)."""
+    graph: Graph                                  # the float graph after the quantize pass's prepare
+    int8_ms: dict[str, float]                     # layer -> its int8 kernel time (layers int8 in the all-int8 plan)
+    float_ms: dict[str, float]                    # layer -> its float kernel time (every layer)
+    conversion_ms: tuple[float, float]            # (a, b): one conversion of n elements costs a + b n
+    keep_float: frozenset = frozenset()           # base keep_float (default rules, --keep-float)
+    method: str = "measured"                      # "measured" on the host, or "analytic"
+    target: str = "x86"
+    float_dtype: str = "fp32"
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    # -- plan under a float set -------------------------------------------------------------------
+    def plan(self, float_set: Iterable[str] = frozenset()):
+        """The quantize pass's plan for ``keep_float ∪ float_set`` (cached)."""
+        key = frozenset(float_set)
+        if key not in self._plans:
+            from ..passes.quantize import QuantizeOptions, _plan
+            self._plans[key] = _plan(self.graph, QuantizeOptions(keep_float=self.keep_float | key))
+        return self._plans[key]
+
+    def precisions(self, float_set: Iterable[str] = frozenset()) -> dict[str, str]:
+        """layer -> "int8" or "float" in the build with ``float_set`` kept float."""
+        p = self.plan(float_set)
+        return {op.name: "int8" if op in p.role else "float" for op in self.graph.ops}
+
+    def conversions(self, float_set: Iterable[str] = frozenset()) -> list[Conversion]:
+        """The Q/DQ conversions the quantize pass inserts for ``float_set`` (once per value)."""
+        p = self.plan(float_set)
+        out = [Conversion(v.name, "Q", _numel(v)) for v in sorted(p.boundary, key=lambda v: v.name)
+               if not v.is_const]
+        outputs = {id(v) for v in self.graph.outputs}
+        for op, role in p.role.items():
+            if role == "fold":
+                continue
+            v = p.out.get(op, op.result)
+            if id(v) in outputs or any(u not in p.role for u in v.users):
+                out.append(Conversion(v.name, "DQ", _numel(v)))
+        return out
+
+    def boundaries(self, float_set: Iterable[str] = frozenset()) -> int:
+        """Number of QuantizeLinear/DequantizeLinear conversions in the build with ``float_set``."""
+        return len(self.conversions(float_set))
+
+    def conversion_cost(self, elements: int) -> float:
+        a, b = self.conversion_ms
+        return a + b * elements
+
+    def latency(self, float_set: Iterable[str] = frozenset()) -> float:
+        """Predicted latency (ms) of the build with ``float_set`` kept float: T(F) above."""
+        prec = self.precisions(float_set)
+        t = sum(self.int8_ms.get(n, self.float_ms.get(n, 0.0)) if p == "int8" else self.float_ms.get(n, 0.0)
+                for n, p in prec.items())
+        return t + sum(self.conversion_cost(c.elements) for c in self.conversions(float_set))
+
+    def float_latency(self) -> float:
+        """Every layer float, no conversions: the plain float model."""
+        return sum(self.float_ms.get(op.name, 0.0) for op in self.graph.ops)
+
+    def slower_than_float(self) -> list[str]:
+        """int8 layers whose int8 time exceeds their float time."""
+        return [n for n, t in self.int8_ms.items() if t > self.float_ms.get(n, float("inf"))]
+
+    def to_json(self, float_set: Iterable[str] = frozenset()) -> dict:
+        """For report.json: per-layer ms in both precisions, the precision chosen, boundaries."""
+        prec = self.precisions(float_set)
+        names = [op.name for op in self.graph.ops if op.name in self.int8_ms]
+        return {
+            "method": self.method, "target": self.target, "float_dtype": self.float_dtype,
+            "conversion_ms": {"fixed": self.conversion_ms[0], "per_element": self.conversion_ms[1]},
+            "layers": [{"layer": n, "int8_ms": round(self.int8_ms[n], 5),
+                        "float_ms": round(self.float_ms.get(n, 0.0), 5), "precision": prec.get(n, "float")}
+                       for n in names],
+            "boundaries": self.boundaries(float_set),
+            "latency_ms": round(self.latency(float_set), 4),
+            "all_int8_latency_ms": round(self.latency(frozenset()), 4),
+            "float_latency_ms": round(self.float_latency(), 4),
+            "slower_than_float": self.slower_than_float(),
+        }
+
+
+# ---- building it ----------------------------------------------------------------------------------
+def prepared_float_graph(graph: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
+    """A clone of ``graph`` (after the default passes, not quantized) after the quantize pass's
+    prepare step: the graph whose op names the selection and the quantized layers use."""
+    from ..passes.quantize import QuantizeOptions, _prepare
+    g = graph.clone()
+    _prepare(g, QuantizeOptions(keep_float=frozenset(keep_float)))
+    return g
+
+
+def quantize_for_timing(prepared: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
+    """An all-int8 clone of ``prepared`` for timing only: ranges from two random samples (kernel
+    times do not depend on the scales), no bias correction."""
+    from ..passes import PassContext, PassManager
+    from ..passes.quantize import QuantizeOptions
+    g = prepared.clone()
+    opts = QuantizeOptions(keep_float=frozenset(keep_float), random_samples=2, bias_correction=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        PassManager("quantize", ctx=PassContext(options={"quantize": opts})).run(g)
+    return g
+
+
+def host_can_measure(spec) -> bool:
+    return spec.family == "x86" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def measure_layer_costs(graph: Graph, spec, *, keep_float: Iterable[str] = frozenset(),
+                        int8_graph: Graph | None = None, float_dtype: str = "fp32",
+                        measure: bool | None = None, repeats: int = 5,
+                        min_repeat_ms: float = 5.0) -> LayerCosts:
+    """Per-layer int8 and float costs of ``graph`` (after the default passes, before quantize; not
+    modified) on ``spec`` (a :class:`~qcompiler.codegen.target.TargetSpec`; its dtype is ignored).
+
+    ``int8_graph``: the quantized graph if the caller has one (else one is made for timing);
+    ``float_dtype``: "fp16" times the float build with fp16 storage; ``measure``: time kernels on
+    this host (default: when the target is x86 and so is the host), else the analytic model."""
+    keep_float = frozenset(keep_float)
+    prepared = prepared_float_graph(graph, keep_float)
+    names = {op.name for op in prepared.ops}
+    if measure is None:
+        measure = host_can_measure(spec)
+    if int8_graph is None:
+        int8_graph = quantize_for_timing(prepared, keep_float)
+    fspec = dataclasses.replace(spec, dtype=float_dtype)
+    if measure:
+        int8_k = kernel_times(int8_graph, dataclasses.replace(spec, dtype="int8"), repeats, min_repeat_ms)
+        float_k = kernel_times(prepared, fspec, repeats, min_repeat_ms)
+        conv = conversion_fit(fspec, repeats, min_repeat_ms)
+        method = "measured"
+    else:
+        consts = ANALYTIC[spec.family]
+        int8_k = analytic_times(int8_graph, consts, "int8")
+        float_k = analytic_times(prepared, consts, float_dtype)
+        conv = (consts.kernel_ms, (BYTES["int8"] + BYTES[float_dtype]) / consts.bytes_per_ms)
+        method = "analytic"
+    int8_ms = attribute(int8_k, names)
+    float_ms = attribute(float_k, names)
+    # layers int8 in the all-int8 plan; a layer with no kernel of its own (a reshape aliasing its
+    # input) costs 0 in both precisions
+    costs = LayerCosts(prepared, {}, float_ms, conv, keep_float, method, spec.family, float_dtype)
+    for n, p in costs.precisions().items():
+        if p == "int8":
+            costs.int8_ms[n] = int8_ms.get(n, 0.0)
+            costs.float_ms.setdefault(n, 0.0)
+    return costs
+
+
+def attribute(kernels: list[tuple[list[Op], float]], names: set[str]) -> dict[str, float]:
+    """Split each kernel's time over its member layers by :func:`work`. Members that are not
+    layers of the float graph (Requantize) count for the kernel's main layer (its anchor or last
+    layer); Q/DQ members take their share away (the conversion term prices them)."""
+    out: dict[str, float] = {}
+    for members, ms in kernels:
+        layers = [op for op in members if op.name in names and op.kind not in CONVERSIONS]
+        main = next((op for op in layers if macs(op) or op.kind in POOL_KINDS), layers[-1] if layers else None)
+        shares: dict[str, float] = {}
+        for op in members:
+            w = work(op)
+            if op.kind in CONVERSIONS and op.name not in names:
+                shares["<conversion>"] = shares.get("<conversion>", 0.0) + w
+            elif op.name in names:
+                shares[op.name] = shares.get(op.name, 0.0) + w
+            elif main is not None:
+                shares[main.name] = shares.get(main.name, 0.0) + w
+        total = sum(shares.values()) or 1.0
+        for n, w in shares.items():
+            if n != "<conversion>":
+                out[n] = out.get(n, 0.0) + ms * w / total
+    return out
+
+
+def analytic_times(graph: Graph, consts: Analytic, precision: str) -> list[tuple[list[Op], float]]:
+    """One 'kernel' per op: MACs at the precision's rate plus its bytes moved, plus an overhead."""
+    res = []
+    for op in graph.ops:
+        if op.kind in CONVERSIONS:
+            continue
+        quant = any(v.type.quant is not None for v in list(op.operands) + list(op.results) if v is not None)
+        p = "int8" if quant else precision
+        nbytes = sum(_numel(v) for v in list(op.operands) + list(op.results) if v is not None and not v.is_const)
+        t = macs(op) / consts.mac_per_ms[p] + nbytes * BYTES[p] / consts.bytes_per_ms + consts.kernel_ms
+        res.append(([op], t))
+    return res
+
+
+def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0) -> list[tuple[list[Op], float]]:
+    """Lower and compile ``graph`` for ``spec`` and time every kernel alone on this host:
+    [(the IR ops fused into it, median ms)] in emission order."""
+    import tvm
+    from ..codegen.fusion import plan
+    from ..codegen.lower import _Lowering
+    low = _Lowering(graph, spec)
+    mod = low.run()
+    ex = tvm.compile(mod, target=tvm.target.Target(spec.tvm))
+    lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
+    dev = tvm.cpu()
+    order = {op: i for i, op in enumerate(graph.ops)}
+    groups = {id(g.root): g for g in plan(graph)}
+    rng = np.random.default_rng(0)
+    out, seen = [], {}
+    for root, _, call in low.calls:
+        name = call.args[0].name_hint
+        args = [_arg(a, dev, rng) for a in call.args[1].fields]
+        ty = call.ty_args[0]
+        args.append(tvm.runtime.empty(tuple(int(d) for d in ty.shape), ty.dtype, dev))
+        key = (name, tuple(tuple(a.shape) for a in args))
+        if key not in seen:
+            f = lib.time_evaluator(name, dev, number=1, repeat=repeats, min_repeat_ms=int(min_repeat_ms))
+            seen[key] = float(np.median(f(*args).results)) * 1e3
+        out.append((groups[id(root)].members_in_order(order), seen[key]))
+    return out
+
+
+def _arg(a, dev, rng):
+    import tvm
+    if isinstance(a, tvm.ir.expr.Constant):
+        return a.value
+    shape = tuple(int(d) for d in a.ty.shape)
+    dt = str(a.ty.dtype)
+    if dt.startswith("float"):
+        arr = rng.uniform(-1, 1, shape).astype(dt)
+    elif dt in ("uint8", "int8"):
+        arr = rng.integers(0, 128, shape).astype(dt)
+    else:
+        arr = np.zeros(shape, dt)             # possibly indices: zeros are always in range
+    return tvm.runtime.tensor(arr, dev)
+
+
+CONVERSION_SIZES = (4096, 262144)
+
+
+def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0) -> tuple[float, float]:
+    """(a, b) of a + b·n ms for one Q or DQ conversion of n elements: standalone QuantizeLinear and
+    DequantizeLinear kernels of the real code generator timed at two sizes, averaged."""
+    from ..ir.types import QuantParams, TensorType
+    pts = []
+    for n in CONVERSION_SIZES:
+        g = Graph("conversion")
+        shape = (1, n // 64, 8, 8)
+        x = g.add_input("x", TensorType(shape, "float32"))
+        qp = QuantParams("uint8", (0.02,), (128,))
+        q = g.create_op("QuantizeLinear", [x], result_types=[TensorType(shape, "uint8", qp)], name="q",
+                        result_names=["xq"]).result
+        y = g.create_op("DequantizeLinear", [q], name="dq", result_names=["y"]).result
+        g.outputs = [q, y]
+        ks = kernel_times(g, dataclasses.replace(fspec, dtype=fspec.dtype), repeats, min_repeat_ms)
+        pts.append(float(np.mean([ms for _, ms in ks])))
+    (n0, n1), (t0, t1) = CONVERSION_SIZES, pts
+    b = max((t1 - t0) / (n1 - n0), 0.0)
+    return max(t0 - b * n0, 0.0), b
