@@ -76,6 +76,7 @@ from .kernels import linalg as klin
 from .kernels import quant as kquant
 from .kernels import reduce as kred
 from .kernels import shape as kshape
+from .kernels import sparse as ksparse
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
 from .schedules import x86 as sched_x86
 from .target import TargetSpec
@@ -244,7 +245,10 @@ class _Lowering:
             if builder is None:
                 raise LoweringError(f"x86 codegen cannot lower op kind '{op.kind}' ({op.describe()})")
             try:
-                outs = builder(ctx, attrs, ins, [r.type for r in op.results])
+                fmt = ksparse.layer_format(self.graph, op)     # graph.meta["sparsity"]: a sparse kernel
+                outs = ksparse.build(ctx, fmt, attrs, ins, [r.type for r in op.results]) if fmt else None
+                if outs is None:
+                    outs = builder(ctx, attrs, ins, [r.type for r in op.results])
             except NotImplementedError as e:
                 raise LoweringError(f"{op.describe()}: {e}") from None
             for r, t in zip(op.results, outs):
@@ -286,7 +290,9 @@ class _Lowering:
             if tvm_ffi.structural_equal(other, func):
                 return gv
         kind, params = sched
-        if self.spec.family == "cuda":
+        if kind == "sparse":
+            scheduled = ksparse.schedule(func, self.spec.family, self.vw)
+        elif self.spec.family == "cuda":
             scheduled = func          # left unscheduled: TVM's CUDA pipeline applies dlight's GPU rules
         else:
             scheduled = sched_x86.apply(func, kind, params, self.vw)

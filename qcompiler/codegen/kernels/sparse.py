@@ -1,0 +1,508 @@
+"""Sparse-weight gemm and convolution: ``Y = W_sparse · X`` with W in CSR, BSR (1x4 or 4x1 blocks) or
+2:4, for fp32 and int8 (uint8/int8 activations, int8 weights, int32 accumulation, the requantization
+epilogue of :mod:`.quant`).
+
+The weight arrays are those of :mod:`qcompiler.sparse.format` (``row_ptr`` int32, ``col_idx``
+uint8/uint16, ``values`` int8/float32, 2:4 ``idx`` with four 2-bit positions per byte), passed to the
+kernel as they are (compile-time constants): the artifact stores the compact encoding, not a dense
+copy. A conv is a gemm on its im2col matrix (format.conv_matrices: ``W_j [O/g, C/g·kh·kw]`` per group
+``j``; the groups' encodings are concatenated row-wise and row ``n`` reads the rows of X of group
+``n // (O/g)``)::
+
+    X[b, j·Kp + (c·kh + r)·kw + s, y·OW + x] = x[b, j·C/g + c, y·sh - pt + r·dh, x·sw - pl + s·dw]
+    Y[b, n, p] = Σ_{e in row n} values[e] · X[b, group(n)·Kp + col(e), p]
+
+(``X[b] = x[b].reshape(C, H·W)`` for a 1x1 conv with unit strides and no padding: read in place
+when the input is stored plain NCHW; padding pixels hold 0, or the zero point for int8, exactly
+as in the dense kernels.) A gemm ``A (M x K) · W^T`` is the same with ``X[0] = A^T`` (P = M).
+
+Kernel (one ``te.extern`` stage between the X stage and the fused epilogue): on CPUs the loop nest
+is ``parallel for (b, n)`` → ``for`` tiles of ``T`` columns of P → ``for e in row n`` →
+``vectorized for t < T``: ``acc[t] += values[e] · X[k(e), p0 + t]``, i.e. the sparse row is
+broadcast against contiguous vectors of X (the batch or spatial axis), the accumulators of one
+tile stay in registers, and the row's indices are re-read per tile from L1. BSR 1x4 unrolls the 4
+columns of a block (one index per 4 MACs), BSR 4x1 keeps 4 rows of accumulators (one X vector
+load per 4 MACs), 2:4 decodes one index byte per 4 slots (no row pointers). With P == 1 (a
+batch-1 gemm, a GEMV) the row is instead split into ``V`` interleaved partial sums vectorized
+over the non-zeros (gathers of x), summed at the end. On CUDA one thread computes one (b, n, p)
+output (a warp reads consecutive p of the same X row, coalesced; the row's weights broadcast).
+
+Exactness: the int8 accumulator is ``Σ x·w`` over the stored integers (products formed in int16,
+|x·w| <= 255·128), the same integer as the dense kernels' (zeros contribute nothing; wrap-around
+in int32 is modular and the true sum fits), and the zero point is folded into the bias exactly as
+:func:`.quant.qgemm` / :func:`.quant.qconv2d` do, with the same ``requant_fn``: results are
+bit-exact. fp32 sums the same non-zero products in another order (error ~ K·eps·Σ|x·w|).
+
+References: Saad, *Iterative Methods for Sparse Linear Systems* (2003), sec. 3.4 (CSR/BSR SpMV);
+Gale et al., "Sparse GPU Kernels for Deep Learning" (SC 2020) — row-wise SpMM with the dense
+operand's columns vectorized; Mishra et al., arXiv:2104.08378 (2:4).
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from ...ir.types import INT_RANGES
+from ...sparse import format as sfmt
+from . import qdot
+from .conv import _attrs2d, _epilogue
+from .elementwise import activation
+from .tensor import Buf, Lazy, broadcast_index, cast, compute, const
+
+I16, I32, F32 = "int16", "int32", "float32"
+FORMATS = ("csr", "bsr1x4", "bsr4x1", "2:4")
+KINDS = frozenset({"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "QLinearConv", "QLinearGemm"})
+CUDA_THREADS = 256
+
+
+# ---- which layers are sparse --------------------------------------------------------------------
+def layer_format(graph, op) -> str | None:
+    """The sparse format ``graph.meta["sparsity"]`` assigns to ``op`` (None: dense).
+
+    Accepted: a dict keyed by layer (op) name whose entries carry ``"format"`` (``"dense"``,
+    ``"csr"``, ``"bsr1x4"``, ``"bsr4x1"``, ``"2:4"``), optionally under ``"layers"``, or a list of
+    such entries with a ``"name"``; an entry may also name the layer by its weight (``"weight"``)."""
+    if op.kind not in KINDS:
+        return None
+    meta = graph.meta.get("sparsity") if hasattr(graph, "meta") else None
+    if not meta:
+        return None
+    layers = meta.get("layers", meta) if isinstance(meta, dict) else meta
+    if isinstance(layers, dict):
+        entries = [dict(v, name=k) if isinstance(v, dict) else {"name": k, "format": v} for k, v in layers.items()]
+    else:
+        entries = [e for e in layers if isinstance(e, dict)]
+    wname = op.operands[1].name if len(op.operands) > 1 and op.operands[1] is not None else None
+    for e in entries:
+        if e.get("name") == op.name or e.get("op") == op.name or (wname and e.get("weight") == wname):
+            fmt = e.get("format")
+            return fmt if fmt in FORMATS else None
+    return None
+
+
+# ---- encodings ----------------------------------------------------------------------------------
+def encode_groups(mats: np.ndarray, fmt: str):
+    """Encode each group's ``[N/g, K]`` matrix and concatenate them row-wise into one encoding of
+    ``[N, K]`` rows (row pointers offset, values stacked); BSR 4x1 groups must hold a multiple of
+    4 rows (else the blocks would straddle groups)."""
+    encs = [sfmt.encode(m, fmt) for m in mats]
+    if len(encs) == 1:
+        return encs[0]
+    n = sum(e.shape[0] for e in encs)
+    k = encs[0].shape[1]
+    if isinstance(encs[0], sfmt.NM24):
+        return sfmt.NM24((n, k), np.concatenate([e.values for e in encs]), np.concatenate([e.idx for e in encs]))
+    if fmt == "bsr4x1" and mats.shape[1] % 4:
+        raise NotImplementedError(f"bsr4x1 of a grouped conv with {mats.shape[1]} rows per group")
+    ptrs, off = [np.zeros(1, np.int32)], 0
+    for e in encs:
+        ptrs.append((e.row_ptr[1:] + off).astype(np.int32))
+        off += int(e.row_ptr[-1])
+    rp = np.concatenate(ptrs)
+    ci = np.concatenate([e.col_idx for e in encs])
+    vals = np.concatenate([e.values for e in encs])
+    if isinstance(encs[0], sfmt.CSR):
+        return sfmt.CSR((n, k), rp, ci, vals)
+    return sfmt.BSR((n, k), encs[0].block, rp, ci, vals)
+
+
+def padded_k(fmt: str, k: int) -> int:
+    """Rows of X per group the kernel reads (K padded to the 4-column blocks/groups)."""
+    return -(-k // 4) * 4 if fmt in ("bsr1x4", "2:4") else k
+
+
+# ---- the accumulation kernel --------------------------------------------------------------------
+def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=None, shape=None,
+         name="sparse") -> te.Tensor:
+    """``Y[b, n, p] = Σ_k W[n, k] X[b, group(n)·kp + k, p]`` as a ``te.extern`` stage.
+
+    ``X`` is (nb, groups·kp, P) unless ``xread(buf, b, k, p)`` maps indices to its buffer (in-place
+    reads; ``shape`` then gives (nb, P)). Returns Y (nb, Nr, P): int32 for integer operands, float32 else; Nr = N rounded up to
+    the 4-row blocks for BSR 4x1 (rows >= N hold zeros)."""
+    fmt = enc.fmt
+    n_rows, _ = enc.shape
+    nb, p_len = shape or (int(X.shape[0]), int(X.shape[-1]))
+    rows_per_group = n_rows // groups
+    arrs = sfmt.arrays(enc)
+    if fmt == "2:4":
+        params = [ctx.param(arrs["values"], "sp_values", keep_dtype=True), ctx.param(arrs["idx"], "sp_idx")]
+    else:
+        params = [ctx.param(arrs["row_ptr"], "sp_row_ptr"), ctx.param(arrs["col_idx"], "sp_col_idx"),
+                  ctx.param(arrs["values"], "sp_values", keep_dtype=True)]
+    rb = 4 if fmt == "bsr4x1" else 1
+    nr = -(-n_rows // rb) * rb
+    acc_dtype = I32 if integer else F32
+    spec = getattr(getattr(ctx, "low", None), "spec", None)
+    family = getattr(spec, "family", "x86")
+    vw = getattr(ctx, "vw", 8)
+    read = xread or (lambda buf, b, k, p: buf[b, k, p])
+
+    def mac(acc, w, x):
+        if integer:
+            return acc + cast(cast(x, I16) * cast(w, I16), I32)
+        return acc + cast(w, F32) * cast(x, F32)
+
+    def body(ins, outs):
+        xb, *wb = ins
+        (yb,) = outs
+        k = _Kernel(fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp, rb, nr, nb, p_len)
+        with IRBuilder() as ib:
+            if family == "cuda":
+                k.cuda()
+            else:
+                k.cpu(vw)
+        return ib.get()
+
+    return te.extern((nb, nr, p_len), [X, *params], body, name=name, dtype=acc_dtype)
+
+
+class _Kernel:
+    """IR-builder emitters of the loop nests described in the module docstring."""
+
+    def __init__(self, fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp, rb, nr, nb, p_len):
+        self.groups = groups
+        self.fmt, self.wb, self.xb, self.yb = fmt, wb, xb, yb
+        self.read, self.mac, self.dt = read, mac, acc_dtype
+        self.rpg, self.kp, self.rb, self.nr, self.nb, self.p = rows_per_group, kp, rb, nr, nb, p_len
+
+    def zero(self):
+        return tirx.const(0, self.dt)
+
+    def xrow(self, n, k):
+        """Row of X for column k of weight row n (the group offset added)."""
+        k = cast(k, I32)
+        return (n // self.rpg) * self.kp + k if self.groups > 1 else k
+
+    def row_terms(self, n, each):
+        """Call ``each(r, w, k, loop_emitter)`` for every stored weight of block row ``n`` by
+        emitting the format's loop over it; ``r`` is the row within the block (BSR 4x1)."""
+        fmt, wb = self.fmt, self.wb
+        if fmt == "2:4":
+            vals, idx = wb
+            slots = int(vals.shape[1])
+            full = slots // 4
+            with T.serial(0, full) as q:
+                byte = cast(idx[n, q], I32)
+                for u in range(4):
+                    pos = tirx.bitwise_and(tirx.shift_right(byte, tirx.const(2 * u, I32)), tirx.const(3, I32))
+                    each(0, vals[n, q * 4 + u], (q * 2 + u // 2) * 4 + pos)
+            for u in range(slots - full * 4):          # the last byte's 2 used slots
+                s = full * 4 + u
+                pos = tirx.bitwise_and(tirx.shift_right(cast(idx[n, full], I32), tirx.const(2 * u, I32)),
+                                       tirx.const(3, I32))
+                each(0, vals[n, s], (s // 2) * 4 + pos)
+            return
+        rp, ci, vals = wb
+        with T.serial(rp[n], rp[n + 1]) as e:
+            col = cast(ci[e], I32)
+            if fmt == "csr":
+                each(0, vals[e], col)
+            elif fmt == "bsr1x4":
+                for c in range(4):
+                    each(0, vals[e, 0, c], col * 4 + c)
+            else:                                       # bsr4x1
+                for r in range(4):
+                    each(r, vals[e, r, 0], col)
+
+    def cpu(self, vw: int):
+        nblk = self.nr // self.rb
+        if self.p == 1 and self.rb == 1:
+            return self.cpu_gemv(vw)
+        tile = min(self.p, 4 * vw if self.rb == 1 else 2 * vw)
+        nfull, tail = divmod(self.p, tile)
+        with T.parallel(0, self.nb * nblk) as q:
+            b, nbk = q // nblk, q % nblk
+            if nfull:
+                with T.serial(0, nfull) as t:
+                    self._tile(b, nbk, t * tile, tile)
+            if tail:
+                self._tile(b, nbk, nfull * tile, tail)
+
+    def _tile(self, b, nbk, p0, size):
+        rb = self.rb
+        acc = T.alloc_buffer((rb, size), self.dt, scope="local")
+        for r in range(rb):
+            with T.vectorized(0, size) as t:
+                T.buffer_store(acc, self.zero(), [r, t])
+        row0 = nbk * rb
+
+        def each(r, w, k):
+            with T.vectorized(0, size) as t:
+                T.buffer_store(acc, self.mac(acc[r, t], w, self.read(self.xb, b, self.xrow(row0 + r, k), p0 + t)),
+                               [r, t])
+        self.row_terms(nbk, each)
+        for r in range(rb):
+            with T.vectorized(0, size) as t:
+                T.buffer_store(self.yb, acc[r, t], [b, row0 + r, p0 + t])
+
+    def cpu_gemv(self, vw: int):
+        """P == 1: V interleaved partial sums over the row's non-zeros (vectorized gathers)."""
+        nrows = self.nr
+        with T.parallel(0, self.nb * nrows) as q:
+            b, n = q // nrows, q % nrows
+            if self.fmt == "2:4":
+                acc = T.alloc_buffer((1,), self.dt, scope="local")
+                T.buffer_store(acc, self.zero(), [0])
+                self.row_terms(n, lambda r, w, k: T.buffer_store(
+                    acc, self.mac(acc[0], w, self.read(self.xb, b, self.xrow(n, k), 0)), [0]))
+                T.buffer_store(self.yb, acc[0], [b, n, 0])
+                return
+            rp, ci, vals = self.wb
+            v = vw
+            per = 4 if self.fmt == "bsr1x4" else 1
+            acc = T.alloc_buffer((v * per,), self.dt, scope="local")
+            with T.vectorized(0, v * per) as t:
+                T.buffer_store(acc, self.zero(), [t])
+            start, count = rp[n], rp[n + 1] - rp[n]
+            with T.serial(0, count // v) as j:
+                with T.vectorized(0, v) as t:
+                    e = start + j * v + t
+                    for c in range(per):
+                        col = cast(ci[e], I32) * per + c
+                        w = vals[e] if per == 1 else vals[e, 0, c]
+                        T.buffer_store(acc, self.mac(acc[c * v + t], w, self.read(self.xb, b, self.xrow(n, col), 0)),
+                                       [c * v + t])
+            with T.serial(start + (count // v) * v, rp[n + 1]) as e:
+                for c in range(per):
+                    col = cast(ci[e], I32) * per + c
+                    w = vals[e] if per == 1 else vals[e, 0, c]
+                    T.buffer_store(acc, self.mac(acc[0], w, self.read(self.xb, b, self.xrow(n, col), 0)), [0])
+            with T.serial(1, v * per) as t:
+                T.buffer_store(acc, acc[0] + acc[t], [0])
+            T.buffer_store(self.yb, acc[0], [b, n, 0])
+
+    def cuda(self):
+        """One thread per output (b, block row, p); a block of CUDA_THREADS threads."""
+        nblk = self.nr // self.rb
+        total = self.nb * nblk * self.p
+        bx = T.env_thread("blockIdx.x")
+        tx = T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, -(-total // CUDA_THREADS)):
+            with T.launch_thread(tx, CUDA_THREADS):
+                i = bx * CUDA_THREADS + tx
+                with T.If(i < total):
+                    with T.Then():
+                        p = i % self.p
+                        nbk = (i // self.p) % nblk
+                        b = i // (self.p * nblk)
+                        acc = T.alloc_buffer((self.rb,), self.dt, scope="local")
+                        for r in range(self.rb):
+                            T.buffer_store(acc, self.zero(), [r])
+                        row0 = nbk * self.rb
+                        self.row_terms(nbk, lambda r, w, k: T.buffer_store(
+                            acc, self.mac(acc[r], w, self.read(self.xb, b, self.xrow(row0 + r, k), p)), [r]))
+                        for r in range(self.rb):
+                            T.buffer_store(self.yb, acc[r], [b, row0 + r, p])
+
+
+# ---- builders: the layers graph.meta["sparsity"] marks (lower.py) --------------------------------
+def _zp(ctx, i) -> int:
+    return int(ctx.op.operands[i].type.quant.zero_point[0])
+
+
+def _gemm_x(A, k: int, kp: int, fill, dtype: str) -> te.Tensor:
+    """X (1, kp, M) = A^T, rows k >= K holding ``fill``."""
+    m = A.shape[0]
+    f = const(fill, dtype)
+    return compute((1, kp, m), lambda b, kk, i: tirx.if_then_else(
+        kk < k, cast(A.at((i, tirx.min(kk, k - 1))), dtype), f) if kp != k else cast(A.at((i, kk)), dtype),
+        name="xcol")
+
+
+def _gemm_operands(ctx, a, ins):
+    """(A as a logical (M, K) tensor, W [N, K]) of a Gemm/FusedGemm/MatMul with a constant 2-D
+    weight, or None when the layer is not a plain dense layer."""
+    from .linalg import _transposed
+    from .tensor import linearize, unravel
+    A = ins[0]
+    b = ctx.const_data(1)
+    if b is None or b.ndim != 2:
+        return None
+    if ctx.op.kind == "MatMul":
+        if A.rank < 2:
+            return None
+        k = A.shape[-1]
+        mm = int(np.prod(A.shape[:-1]))
+        src = A
+        A2 = A if A.rank == 2 else Lazy((mm, k), A.dtype, lambda idx: src.at(unravel(linearize(idx, (mm, k)), src.shape)))
+        return A2, np.ascontiguousarray(b.T)
+    if a.get("transA"):
+        A = _transposed(A)
+    return A, np.ascontiguousarray(sfmt.gemm_matrix(b, a.get("transB", 0)))
+
+
+def gemm(ctx, a, ins, outs, fmt: str):
+    """Gemm / FusedGemm / MatMul (float) with a sparse constant weight; None if not applicable."""
+    got = _gemm_operands(ctx, a, ins)
+    if got is None:
+        return None
+    A, w = got
+    kk = w.shape[1]
+    kp = padded_k(fmt, kk)
+    enc = encode_groups(w[None].astype(np.float32), fmt)
+    Y = spmm(ctx, _gemm_x(A, kk, kp, 0.0, F32), enc, groups=1, kp=kp, integer=False)
+    ctx.schedule("sparse")
+    out_shape = outs[0].shape
+    lead = out_shape[:-1]
+
+    def acc_at(idx):
+        from .tensor import linearize
+        row = linearize(idx[:-1], lead) if len(lead) > 1 else idx[0]
+        return Y[0, idx[-1], row]
+    if ctx.op.kind == "MatMul":
+        return [Lazy(out_shape, outs[0].dtype, acc_at)]
+    C = ins[2] if len(ins) > 2 else None
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    act, params = a.get("activation", ""), a.get("activation_params", [])
+
+    def fn(idx):
+        v = acc_at(idx)
+        if alpha != 1.0:
+            v = v * const(alpha, F32)
+        if C is not None:
+            cv = C.at(broadcast_index(idx, C.shape))
+            v = v + (cv * const(beta, F32) if beta != 1.0 else cv)
+        return activation(act, params, v)
+    return [Lazy(out_shape, outs[0].dtype, fn)]
+
+
+def qgemm(ctx, a, ins, outs, fmt: str):
+    """QLinearGemm with a sparse int8 weight: the accumulator of :func:`spmm`, then the zero-point
+    fold and requantization of :func:`.quant.qgemm` (bit-exact with the dense kernel)."""
+    from .quant import _channel_vec, requant_fn
+    A = ins[0]
+    w = ctx.const_data(1)                                   # N x K
+    if w is None:
+        return None
+    za = _zp(ctx, 0)
+    bias = ctx.const_data(2)
+    m, n = outs[0].shape
+    kk = w.shape[1]
+    kp = padded_k(fmt, kk)
+    Y = spmm(ctx, _gemm_x(A, kk, kp, za, A.dtype), encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
+    ctx.schedule("sparse")
+    fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
+        - za * w.astype(np.int64).sum(axis=1)
+    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
+    rq = requant_fn(ctx, a, outs[0], n)
+    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(Y[0, idx[1], idx[0]] + fb(idx[1]), idx[1]))]
+
+
+def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str):
+    """(X tensor, xread or None): the im2col matrix (nb, g·kp, OH·OW), or the input itself for a
+    1x1, unit-stride, unpadded, ungrouped conv stored plain NCHW."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w_shape
+    g = c // cg
+    (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
+    oh, ow = out_shape[2:]
+    kg = cg * kh * kw
+    if (kh, kw, sh, sw, g) == (1, 1, 1, 1, 1) and (oh, ow) == (h, wd) and kp == kg \
+            and isinstance(x, Buf) and not x.block and x.dtype == dtype:
+        phys = x.phys_shape
+        return x.tensor, lambda buf, b, k, p: buf[_flat_index(phys, (b * c + k) * (h * wd) + p)]
+    f = const(fill, dtype)
+
+    def body(b, k, p):
+        j, kk = (k // kp, k % kp) if g > 1 else (0, k)
+        ci, r, s = kk // (kh * kw), (kk // kw) % kh, kk % kw
+        y, xx = p // ow, p % ow
+        iy, ix = y * sh - pt + r * dh, xx * sw - pl + s * dw
+        ok = [iy >= 0, iy < h, ix >= 0, ix < wd]
+        if kp != kg:
+            ok.append(kk < kg)
+        ch = j * cg + tirx.min(ci, cg - 1)
+        v = cast(x.at((b, ch, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, wd - 1), 0))), dtype)
+        return tirx.if_then_else(tirx.all(*ok), v, f)
+    return compute((n, g * kp, oh * ow), body, name="xcol"), None
+
+
+def _flat_index(phys, flat):
+    idx = []
+    for d in reversed(phys):
+        idx.append(flat % d)
+        flat = flat // d
+    return tuple(reversed(idx))
+
+
+def _conv_acc(ctx, a, x, w, outs, fmt, fill, dtype, integer):
+    o, cg = w.shape[:2]
+    g = x.shape[1] // cg
+    out_shape = outs[0].shape
+    kp = padded_k(fmt, cg * w.shape[2] * w.shape[3])
+    X, xread = _conv_x(ctx, a, x, w.shape, out_shape, kp, fill, dtype, fmt)
+    enc = encode_groups(sfmt.conv_matrices(w, g), fmt)
+    Y = spmm(ctx, X, enc, groups=g, kp=kp, integer=integer, xread=xread,
+             shape=(x.shape[0], out_shape[2] * out_shape[3]))
+    ctx.schedule("sparse")
+    ow = out_shape[3]
+    return Lazy(out_shape, I32 if integer else F32, lambda idx: Y[idx[0], idx[1], idx[2] * ow + idx[3]])
+
+
+def conv2d(ctx, a, ins, outs, fmt: str):
+    """Conv / FusedConv (float) with a sparse constant weight: im2col + :func:`spmm`, then the
+    dense kernel's epilogue (bias, residual, activation)."""
+    x, w = ins[0], ctx.const_data(1)
+    if w is None or x.rank != 4:
+        return None
+    acc = _conv_acc(ctx, a, x, w.astype(np.float32), outs, fmt, 0.0, F32, False)
+    return [_epilogue(ctx, a, acc, ins, outs)]
+
+
+def qconv2d(ctx, a, ins, outs, fmt: str):
+    """QLinearConv with a sparse int8 weight; padding holds the zero point, folded as in
+    :func:`.quant.qconv2d` (bit-exact with the dense kernel)."""
+    from .quant import _channel_vec, requant_fn
+    x, w = ins[0], ctx.const_data(1)
+    if w is None or x.rank != 4:
+        return None
+    zx = _zp(ctx, 0)
+    bias = ctx.const_data(2)
+    k = w.shape[0]
+    acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, x.dtype, True)
+    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
+        - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
+    rq = requant_fn(ctx, a, outs[0], k)
+    return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(acc.at(idx) + fb(idx[1]), idx[1]))]
+
+
+BUILDERS = {"Gemm": gemm, "FusedGemm": gemm, "MatMul": gemm, "Conv": conv2d, "FusedConv": conv2d,
+            "QLinearGemm": qgemm, "QLinearConv": qconv2d}
+
+
+def build(ctx, fmt: str, a, ins, outs):
+    """The sparse kernel of ``ctx.op`` in ``fmt``, or None when it does not apply (the caller
+    then builds the dense kernel)."""
+    if fmt not in FORMATS or ctx.op.kind not in BUILDERS:
+        return None
+    if ctx.op.kind in ("QLinearGemm", "QLinearConv") and (ctx.const_data(1) is None
+                                                         or ctx.const_data(1).dtype != np.int8):
+        return None
+    return BUILDERS[ctx.op.kind](ctx, a, ins, outs, fmt)
+
+
+# ---- schedule ---------------------------------------------------------------------------------------
+def schedule(func, family: str, vw: int):
+    """The sparse stage is scheduled by construction (its loops are written above); the X stage
+    and the epilogue ("xcol", "out") get a parallel outer / vectorized inner loop nest on CPUs,
+    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads."""
+    from tvm import s_tir
+    from ..schedules import x86 as sched_x86
+    sch = s_tir.Schedule(func)
+    for name in ("xcol", "out"):
+        try:
+            blk = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
+            continue
+        if family == "cuda":
+            loops = sch.get_loops(blk)
+            f = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            bx, tx = sch.split(f, [None, CUDA_THREADS])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+        else:
+            sched_x86._spatial_nest(sch, blk, vw)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
