@@ -1,0 +1,239 @@
+"""Budgeted selection of float layers (selective unquantization).
+
+Deep Learning Systems (ch. 6.2, Algorithm 6.2) quantizes every layer, then, while the accuracy
+error exceeds the budget E, un-quantizes the layer with the highest sensitivity (average Hessian
+trace), from ONE static ranking. We improve it in four ways:
+
+1. **greedy with re-evaluation**: each step measures the candidate moves *given the layers already
+   float* and takes the one that helps most (errors of int8 layers interact: once the worst layer
+   is float, the second worst by the static ranking is often not the next best move);
+2. **shortlisted moves** (``shortlist=K``): a step measures only the K moves that scored best when
+   last measured (stale scores, as in Minoux's lazy greedy, 1978: exact under diminishing returns,
+   a heuristic otherwise) plus K/4 never measured ones in the order of ``prior`` (a cheap ranking,
+   e.g. where the SQNR falls most in one all-int8 run; the first step takes K from it). That keeps
+   the search about linear in the number of layers; ``shortlist=None`` measures every move;
+3. **prune and exchange** once the budget holds: drop every float layer that is no longer needed
+   (greedy's early picks can become redundant), then try replacing two float layers by one
+   (a smaller set), repeating both until nothing changes;
+4. **latency** (``cost``): among moves that meet the budget, or that come equally close to it
+   (scores within ``tie``), the cheaper wins; a final exchange step swaps a float layer for another
+   when the budget still holds and the model gets faster (same size, lower cost).
+
+Contract (what callers, e.g. the latency-aware benchmark, can rely on)::
+
+    sel = select_float_layers(evaluate, candidates, budget, cost=None)
+
+* ``evaluate(S) -> float``: the score of the build in which exactly the candidate layers in the
+  frozenset ``S`` are float (plus whatever the caller keeps float anyway); *higher is better* and
+  the budget holds iff ``evaluate(S) >= budget``. ``--min-sqnr DB``: the output SQNR in dB, budget
+  DB; ``--max-accuracy-drop P``: minus the accuracy drop in points, budget -P. Called once per
+  distinct set (memoized here); it must be deterministic.
+* ``candidates``: layer names that may become float (order only breaks ties); ``prior``: an
+  optional most-promising-first ordering of them (used with ``shortlist``).
+* ``cost(S) -> float`` (optional): the latency in ms of the build with ``S`` float (conversions at
+  island boundaries included by the caller); lower is better. ``None``: the smallest set with the
+  best score (accuracy-only greedy). The set size is minimized first (prune, exchange); ``cost``
+  decides between moves that meet the budget or tie, and between final sets of the same size.
+* Returns :class:`Selection`: the float set, whether the budget holds, its score (and cost), each
+  float layer's marginal gain (score with it minus score without it), and the steps taken.
+
+If the budget is unreachable even with every candidate float, ``met`` is False and the set with the
+best score found is returned.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+Evaluate = Callable[[frozenset], float]
+Cost = Callable[[frozenset], float]
+TIE = 0.05                       # scores closer than this count as equal (dB or points)
+
+
+@dataclass
+class Selection:
+    budget: float
+    met: bool
+    float_layers: tuple[str, ...]          # in the order they became float
+    score: float
+    baseline: float                        # the all-int8 score
+    gains: dict = field(default_factory=dict)   # layer -> score(S) - score(S - {layer})
+    steps: list = field(default_factory=list)
+    evaluations: int = 0
+    cost: float | None = None
+    baseline_cost: float | None = None
+    unit: str = "dB"
+
+    def reasons(self) -> dict[str, str]:
+        """Why each float layer is float: its marginal gain for the budget."""
+        unit = " points" if self.unit == "points" else " " + self.unit
+        return {n: f"budget: +{self.gains[n]:.2f}{unit}" if math.isfinite(self.gains.get(n, math.nan))
+                else "budget: needed (its removal breaks the budget)" for n in self.float_layers}
+
+    def to_json(self) -> dict:
+        def r(x):
+            return None if x is None or not math.isfinite(x) else round(float(x), 4)
+        return {"budget": r(self.budget), "unit": self.unit, "met": self.met, "score": r(self.score),
+                "baseline": r(self.baseline), "float_layers": list(self.float_layers),
+                "gains": {k: r(v) for k, v in self.gains.items()}, "reasons": self.reasons(),
+                "evaluations": self.evaluations, "iterations": len(self.steps),
+                "steps": [{**s, "score": r(s["score"]), **({"cost": r(s["cost"])} if "cost" in s else {})}
+                          for s in self.steps],
+                **({"cost_ms": r(self.cost), "baseline_cost_ms": r(self.baseline_cost)}
+                   if self.cost is not None else {})}
+
+
+class _Search:
+    def __init__(self, evaluate: Evaluate, cost: Cost | None, budget: float, tie: float, max_evaluations):
+        self._evaluate, self._cost, self.budget, self.tie = evaluate, cost, budget, tie
+        self.max_evaluations = max_evaluations
+        self.scores: dict[frozenset, float] = {}
+        self.costs: dict[frozenset, float] = {}
+
+    def score(self, s: frozenset) -> float:
+        if s not in self.scores:
+            self.scores[s] = float(self._evaluate(s))
+        return self.scores[s]
+
+    def cost(self, s: frozenset) -> float:
+        if self._cost is None:
+            return 0.0
+        if s not in self.costs:
+            self.costs[s] = float(self._cost(s))
+        return self.costs[s]
+
+    def out_of_budget(self) -> bool:
+        return self.max_evaluations is not None and len(self.scores) >= self.max_evaluations
+
+    def meets(self, s: frozenset) -> bool:
+        return self.score(s) >= self.budget
+
+    def best(self, sets: list[frozenset], order: dict) -> frozenset:
+        """The best of ``sets``: those meeting the budget by (cost, -score); else the highest score,
+        scores within ``tie`` of it by (cost, -score)."""
+        ok = [s for s in sets if self.meets(s)]
+        if ok:
+            return min(ok, key=lambda s: (self.cost(s), -self.score(s), order.get(s, 0)))
+        top = max(self.score(s) for s in sets)
+        near = [s for s in sets if self.score(s) >= top - self.tie]
+        return min(near, key=lambda s: (self.cost(s), -self.score(s), order.get(s, 0)))
+
+
+def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: float, *,
+                        cost: Cost | None = None, shortlist: int | None = None, tie: float = TIE,
+                        max_evaluations: int | None = None, unit: str = "dB",
+                        prior: list[str] | None = None) -> Selection:
+    """The smallest (then cheapest) set of candidate layers to keep float so that
+    ``evaluate(set) >= budget``; see the module docstring for the contract and the algorithm."""
+    cands = list(dict.fromkeys(candidates))
+    rank = {c: i for i, c in enumerate(cands)}
+    se = _Search(evaluate, cost, budget, tie, max_evaluations)
+    empty = frozenset()
+    steps: list[dict] = []
+
+    def step(phase: str, s: frozenset, **kw) -> None:
+        d = {"phase": phase, **kw, "size": len(s), "score": se.score(s), "evaluations": len(se.scores)}
+        if cost is not None:
+            d["cost"] = se.cost(s)
+        steps.append(d)
+
+    def order_of(sets):
+        return {s: sum(rank[c] for c in s) for s in sets}
+
+    base = se.score(empty)
+    S, added = empty, []
+    priority: dict[str, float] = {}                  # last measured score of (then) S + {c}
+    prior = [c for c in (prior or []) if c in rank] + [c for c in cands if c not in set(prior or [])]
+    while not se.meets(S) and len(S) < len(cands) and not se.out_of_budget():
+        pool = _pool(S, cands, rank, priority, prior, shortlist)
+        moves = [S | {c} for c in pool]
+        for c, m in zip(pool, moves):
+            priority[c] = se.score(m)
+        nxt = se.best(moves, order_of(moves))
+        (c,) = nxt - S
+        S = nxt
+        added.append(c)
+        step("greedy", S, add=[c])
+    if se.meets(S):
+        S = _shrink(se, S, cands, rank, priority, prior, shortlist, step)
+    if cost is not None and se.meets(S):
+        S = _cheaper(se, S, cands, rank, priority, prior, shortlist, step)
+    gains = {}
+    for f in S:
+        gains[f] = se.score(S) - se.score(S - {f})
+    order = [c for c in added if c in S] + sorted(S - set(added), key=rank.get)
+    return Selection(budget=budget, met=se.meets(S), float_layers=tuple(order), score=se.score(S), baseline=base,
+                     gains=gains, steps=steps, evaluations=len(se.scores),
+                     cost=se.cost(S) if cost is not None else None,
+                     baseline_cost=se.cost(empty) if cost is not None else None, unit=unit)
+
+
+def _pool(S: frozenset, cands, rank, priority, prior, shortlist) -> list[str]:
+    """The moves a step measures: all candidates not in S, or with ``shortlist=K`` the K best by
+    their last measured score plus K/4 never measured ones in ``prior`` order (all K from
+    ``prior`` in the first step)."""
+    rest = [c for c in cands if c not in S]
+    if shortlist is None:
+        return rest
+    k = max(1, shortlist)
+    measured = sorted((c for c in rest if c in priority), key=lambda c: (-priority[c], rank[c]))[:k]
+    fresh = [c for c in prior if c not in S and c not in priority][:max(1, k // 4) if measured else k]
+    return measured + fresh
+
+
+def _shrink(se: _Search, S: frozenset, cands, rank, priority, prior, shortlist, step) -> frozenset:
+    """Prune (drop a float layer) and 2-for-1 exchange while the budget holds."""
+    while not se.out_of_budget():
+        drops = [S - {f} for f in sorted(S, key=rank.get)]
+        ok = [d for d in drops if se.meets(d)]
+        if ok:
+            nxt = se.best(ok, {d: rank[next(iter(S - d))] for d in ok})
+            step("prune", nxt, remove=sorted(S - nxt, key=rank.get))
+            S = nxt
+            continue
+        if len(S) < 2:
+            break
+        pool = _pool(S, cands, rank, priority, prior, shortlist)
+        swaps = []
+        for f1, f2 in itertools.combinations(sorted(S, key=rank.get), 2):
+            for c in pool:
+                swaps.append(S - {f1, f2} | {c})
+                if se.out_of_budget():
+                    break
+        ok = [s for s in swaps if se.meets(s)]
+        if not ok:
+            break
+        nxt = se.best(ok, {s: sum(rank[c] for c in s) for s in ok})
+        step("exchange 2-for-1", nxt, remove=sorted(S - nxt, key=rank.get), add=sorted(nxt - S, key=rank.get))
+        S = nxt
+    return S
+
+
+def _cheaper(se: _Search, S: frozenset, cands, rank, priority, prior, shortlist, step) -> frozenset:
+    """Same-size swaps that keep the budget and lower the cost, until none does."""
+    seen = {S}
+    while not se.out_of_budget():
+        pool = _pool(S, cands, rank, priority, prior, shortlist)
+        swaps = [S - {f} | {c} for f in sorted(S, key=rank.get) for c in pool]
+        ok = [s for s in swaps if s not in seen and se.meets(s) and se.cost(s) < se.cost(S)]
+        if not ok:
+            break
+        nxt = se.best(ok, {s: sum(rank[c] for c in s) for s in ok})
+        seen.add(nxt)
+        step("swap (cost)", nxt, remove=sorted(S - nxt, key=rank.get), add=sorted(nxt - S, key=rank.get))
+        S = _shrink(se, nxt, cands, rank, priority, prior, shortlist, step)
+    return S
+
+
+def brute_force(evaluate: Evaluate, candidates: Iterable[str], budget: float,
+                cost: Cost | None = None) -> frozenset | None:
+    """The smallest set meeting the budget (then the cheapest, then the best score) by trying every
+    subset in order of size: 2^n evaluations, for tests on small models. None: unreachable."""
+    cands = list(candidates)
+    for k in range(len(cands) + 1):
+        ok = [frozenset(s) for s in itertools.combinations(cands, k) if evaluate(frozenset(s)) >= budget]
+        if ok:
+            return min(ok, key=lambda s: ((cost(s) if cost else 0.0), -evaluate(s)))
+    return None

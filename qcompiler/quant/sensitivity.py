@@ -1,0 +1,327 @@
+"""Per-layer quantization sensitivity: what int8 costs, layer by layer.
+
+For every *quantizable layer* -- an op the ``quantize`` plan turns into an integer op with its own
+quantization point (QLinearConv/Gemm/Add/Mul/pooling, Concat; read from the plan's
+``layers`` record, not from a list of kinds) -- two measurements against the fp32 model on a
+bounded set of samples (default 64), both run by the reference interpreter
+(:mod:`qcompiler.quant.reference`, the oracle the compiled kernels match bit for bit):
+
+(a) **only this layer int8**, every other layer float: the damage the layer does by itself
+    (``None`` for ops that are integer only behind a quantized operand: Add, Mul, pools, Concat);
+(b) **only this layer float**, every other layer int8: what un-quantizing it alone buys back.
+
+Each as the output metrics of :class:`Scores`, over all model outputs y (fp32 reference r)::
+
+    SQNR = 10 log10( Σ r² / Σ (y - r)² )  dB
+    KL   = mean over rows of Σ_i p_i log(p_i / q_i),   p = softmax(r), q = softmax(y)  (last axis)
+    RMSE = sqrt( mean (y - r)² )
+
+plus, with labels, the top-1 accuracy (first output, argmax over the last axis) and with a user
+callback ``metric(outputs_list) -> float`` its value; the *drop* is fp32's minus the candidate's.
+These are the "faster-to-compute" sensitivity metrics of Algorithm 6.2's discussion (Deep
+Learning Systems, ch. 6.2: KL divergence and RMSE vs the fp32 model), measured end to end rather
+than through the Hessian trace (Dong et al., HAWQ, ICCV 2019), which needs gradients we do not have.
+
+Cost: ONE calibration of the whole graph (every float activation observed in the same pass, so
+the range of any value some mixed plan needs is known: ``QuantizeOptions.ranges``), ONE average
+of the Conv/Gemm inputs for the empirical bias correction (used where the all-int8 build keeps
+it), then per layer set only the cheap rewrite (plan, params, integer weights) and one reference
+run of the samples. The fp32 outputs are computed once. So the table costs about 2 n + 1 model
+runs for n layers, and the greedy selection (:mod:`qcompiler.quant.select`) re-uses the same
+:meth:`Sensitivity.scores` (memoized per float set).
+
+    sens = Sensitivity(float_graph, QuantizeOptions(calib=ds), samples(ds, 64))
+    rows = sens.table()                               # ranked: most damaging first
+    sens.scores(frozenset({"conv1"})).sqnr_db        # conv1 float, everything else int8
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.graph import Graph
+from . import reference
+
+Metric = Callable[[list[np.ndarray]], float]
+Sample = tuple[dict[str, np.ndarray], "np.ndarray | None"]      # (feed, labels or None)
+DEFAULT_SAMPLES = 64
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Output metrics of one mixed-precision variant against fp32 (see the module docstring)."""
+    sqnr_db: float                 # +inf when exact
+    kl: float
+    rmse: float
+    accuracy: float | None = None  # top-1 on the labels, in [0, 1]
+    metric: float | None = None    # the user callback's value
+
+    def to_json(self) -> dict:
+        return {k: _round(v) for k, v in asdict(self).items()}
+
+
+def _round(x, nd: int = 4):
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, nd) if math.isfinite(x) else None
+
+
+def samples(data: Iterable, n: int = DEFAULT_SAMPLES) -> list[Sample]:
+    """The first ``n`` samples of ``data`` as one (feed, labels) pair: ``data`` is a
+    :class:`~qcompiler.quant.data.Dataset` (labels when it has them), a
+    :class:`~qcompiler.quant.report.EvalData`, or an iterable of feeds."""
+    if n < 1:
+        raise UserError(f"sensitivity needs at least 1 sample, got {n}", "--sensitivity-samples", "give e.g. 64")
+    from .report import EvalData, chunks
+    if isinstance(data, EvalData):
+        data = EvalData(data.dataset, data.skip, min(n, data.take), data.source, data.held_back, data.random)
+        batch = data.dataset.batch
+        parts = list(chunks(data, n, batch))
+    else:
+        it = data.with_labels() if hasattr(data, "with_labels") else ((f, None) for f in data)
+        parts, have = [], 0
+        for feed, labels in it:
+            k = len(next(iter(feed.values())))
+            parts.append((feed, labels))
+            have += k
+            if have >= n:
+                break
+    if not parts:
+        raise UserError("no samples to measure the sensitivity on", "sensitivity data", "give data with samples")
+    feed = {k: np.concatenate([np.asarray(p[0][k]) for p in parts])[:n] for k in parts[0][0]}
+    labels = None
+    if all(p[1] is not None for p in parts):
+        labels = np.concatenate([np.asarray(p[1]) for p in parts])[:n]
+    return [(feed, labels)]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def output_scores(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels: np.ndarray | None = None,
+                  metric: Metric | None = None) -> Scores:
+    """:class:`Scores` of outputs ``got`` against the fp32 outputs ``ref`` (lists, one array per
+    model output, same order)."""
+    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in ref])
+    y = np.concatenate([np.asarray(a, np.float64).ravel() for a in got])
+    noise = float(np.sum((y - r) ** 2))
+    sig = float(np.sum(r ** 2))
+    sqnr = math.inf if noise == 0 else (-math.inf if sig == 0 else 10 * math.log10(sig / noise))
+    kls = []
+    for a, b in zip(ref, got):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.ndim == 0 or a.shape[-1] < 2:
+            continue
+        p, q = _softmax(a), _softmax(b)
+        kls.append(np.sum(p * (np.log(np.maximum(p, 1e-300)) - np.log(np.maximum(q, 1e-300))), axis=-1).ravel())
+    kl = float(np.mean(np.concatenate(kls))) if kls else 0.0
+    acc = None
+    first = np.asarray(got[0])
+    if labels is not None and first.ndim >= 2 and first.shape[-1] > 1 and first.shape[:-1] == labels.shape:
+        acc = float(np.mean(first.argmax(-1) == labels))
+    return Scores(sqnr, max(kl, 0.0), math.sqrt(noise / max(r.size, 1)), acc,
+                  None if metric is None else float(metric([np.asarray(a) for a in got])))
+
+
+class Sensitivity:
+    """Mixed-precision variants of one float graph, scored against fp32 on fixed samples.
+
+    ``graph``: the float graph the quantize pass would start from (after the default pipeline);
+    it is not modified: :func:`prepare` splits fused residual blocks as the pass does, on a clone.
+    ``opts``: the :class:`~qcompiler.passes.quantize.QuantizeOptions` of the build (calibration
+    data, method, per-channel, the user's ``keep_float``); ``data``: (feed, labels) pairs, e.g.
+    :func:`samples`. ``ranges``: already collected ranges (else one calibration here).
+    """
+
+    def __init__(self, graph: Graph, opts, data: list[Sample], *, metric: Metric | None = None,
+                 ranges: dict | None = None, log: Callable[[str], None] | None = None):
+        from ..passes import quantize as Q
+        self.opts, self.metric, self.log = opts, metric, log or (lambda m: None)
+        self.graph = prepare(graph, opts)
+        self.data = data
+        self.ranges = dict(ranges) if ranges is not None else calibrate_all(self.graph, opts)
+        self.ref = [reference.run(self.graph, feed) for feed, _ in data]
+        plan = Q._plan(self.graph, replace(opts, ranges=self.ranges))
+        self.means: dict = {}
+        if opts.bias_correction and opts.calib is not None:
+            means = Q._layer_input_means(self.graph, plan, opts)
+            if means:
+                keep, *_ = Q._bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means)
+                self.means = means if keep else {}
+        self.bias_correction = bool(self.means)
+        g, layers = self.quantized(frozenset())
+        self.layers = layers                         # the all-int8 plan's record, per layer
+        self.candidates = [n for n, v in layers.items() if v["precision"] == "int8" and "method" in v]
+        self.kinds = {n: layers[n]["kind"] for n in self.candidates}
+        self._cache: dict[frozenset, Scores] = {}
+        self._int8_alone: dict[frozenset, bool] = {}
+        self.evaluations = 0
+
+    # ---- variants ----------------------------------------------------------------------------
+    def quantized(self, float_set: frozenset) -> tuple[Graph, dict]:
+        """The graph quantized with the layers in ``float_set`` (and the user's keep_float) kept
+        float, with the shared ranges and bias-correction means: (graph, per-layer record)."""
+        from ..passes import quantize as Q
+        g = self.graph.clone()
+        o = replace(self.opts, keep_float=frozenset(self.opts.keep_float) | frozenset(float_set),
+                    ranges=self.ranges)
+        plan = Q._plan(g, o)
+        P, _ = Q._params(g, plan, o, {})
+        rw = Q._Rewriter(g, plan, P, self.ranges, o, self.means)
+        rw.run()
+        self._stands_for = {q.name: f for q, f in rw.stands_for.items()}
+        return g, rw.layers
+
+    def scores(self, float_set: Iterable[str]) -> Scores:
+        """Scores of the build with ``float_set`` float (memoized)."""
+        key = frozenset(float_set)
+        if key not in self._cache:
+            g, layers = self.quantized(key)
+            self._int8_alone[key] = layers
+            outs: list[list[np.ndarray]] = [reference.run(g, feed) for feed, _ in self.data]
+            self._cache[key] = self._combine(outs)
+            self.evaluations += 1
+        return self._cache[key]
+
+    def _combine(self, outs: list[list[np.ndarray]]) -> Scores:
+        ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]
+        got = [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+        labels = [lb for _, lb in self.data]
+        lab = np.concatenate(labels) if all(lb is not None for lb in labels) else None
+        return output_scores(ref, got, lab, self.metric)
+
+    def prior(self) -> list[str]:
+        """The candidates ordered by the SQNR each loses across itself in ONE all-int8 run
+        (SQNR of its quantized inputs minus that of its output, vs fp32; largest first): a cheap
+        ranking of where the error enters, for :func:`~qcompiler.quant.select.select_float_layers`'s
+        shortlist."""
+        from .qparams import dequantize
+        g, _ = self.quantized(frozenset())
+        stands = dict(self._stands_for)
+        feed, _ = self.data[0]
+        fv, qv = reference.run_values(self.graph, feed), reference.run_values(g, feed)
+
+        def sqnr(qname: str) -> float | None:
+            f = stands.get(qname)
+            if f is None or f not in fv:
+                return None
+            v = g.value(qname)
+            r = np.asarray(fv[f], np.float64)
+            d = np.asarray(dequantize(qv[qname], v.type.quant), np.float64) - r
+            n = float(np.vdot(d, d))
+            return 300.0 if n == 0 else 10 * math.log10(max(float(np.vdot(r, r)), 1e-300) / n)
+        drop = {}
+        for op in g.ops:
+            if op.name not in self.kinds:
+                continue
+            out = sqnr(op.result.name)
+            ins = [x for x in (sqnr(v.name) for v in op.operands if not v.is_const) if x is not None]
+            drop[op.name] = (min(ins) if ins else 300.0) - out if out is not None else 0.0
+        return sorted(self.candidates, key=lambda c: (-drop.get(c, 0.0), self.candidates.index(c)))
+
+    @property
+    def fp32(self) -> Scores:
+        """The fp32 model scored against itself (accuracy and metric of fp32)."""
+        ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]
+        labels = [lb for _, lb in self.data]
+        lab = np.concatenate(labels) if all(lb is not None for lb in labels) else None
+        return output_scores(ref, ref, lab, self.metric)
+
+    def only_int8(self, name: str) -> Scores | None:
+        """Scores with only ``name`` int8 (None when the plan cannot make it integer alone)."""
+        key = frozenset(c for c in self.candidates if c != name)
+        s = self.scores(key)
+        layers = self._int8_alone[key]
+        return s if layers.get(name, {}).get("precision") == "int8" else None
+
+    def only_float(self, name: str) -> Scores:
+        return self.scores(frozenset({name}))
+
+    # ---- the table -----------------------------------------------------------------------------
+    def table(self, progress: bool = False) -> list[dict]:
+        """One row per quantizable layer, most damaging first: ``gain_db`` (SQNR with only it float
+        minus all-int8) descending, then SQNR with only it int8 ascending."""
+        base, ref = self.scores(frozenset()), self.fp32
+        rows = []
+        for i, name in enumerate(self.candidates):
+            if progress:
+                self.log(f"sensitivity: {i + 1}/{len(self.candidates)} {name}")
+            a, b = self.only_int8(name), self.only_float(name)
+            row = {"layer": name, "kind": self.kinds[name],
+                   "sqnr_only_int8_db": _round(a.sqnr_db) if a else None,
+                   "kl_only_int8": _round(a.kl, 6) if a else None,
+                   "rmse_only_int8": _round(a.rmse, 6) if a else None,
+                   "sqnr_only_float_db": _round(b.sqnr_db), "kl_only_float": _round(b.kl, 6),
+                   "rmse_only_float": _round(b.rmse, 6),
+                   "gain_db": _round(b.sqnr_db - base.sqnr_db) if math.isfinite(b.sqnr_db) else None}
+            if a is None:
+                row["note"] = "integer only behind a quantized operand: measured with the others int8"
+            if ref.accuracy is not None:
+                row["accuracy_drop_only_int8"] = _round(100 * (ref.accuracy - a.accuracy)) if a else None
+                row["accuracy_drop_only_float"] = _round(100 * (ref.accuracy - b.accuracy))
+            if ref.metric is not None:
+                row["metric_drop_only_int8"] = _round(ref.metric - a.metric) if a else None
+                row["metric_drop_only_float"] = _round(ref.metric - b.metric)
+            rows.append(row)
+        rows.sort(key=lambda r: (-(r["gain_db"] if r["gain_db"] is not None else math.inf),
+                                 r["sqnr_only_int8_db"] if r["sqnr_only_int8_db"] is not None else math.inf,
+                                 r["layer"]))
+        for k, r in enumerate(rows):
+            r["rank"] = k + 1
+        return rows
+
+
+def prepare(graph: Graph, opts) -> Graph:
+    """A clone of ``graph`` with the quantize pass's step 1 applied (FusedConv/FusedGemm residual
+    adds and non-foldable activations split off), so every layer a plan may keep float has its
+    own name. Idempotent: the pass itself then finds nothing to split."""
+    from ..passes import quantize as Q
+    g = graph.clone()
+    Q._prepare(g, opts)
+    return g
+
+
+def activation_values(graph: Graph) -> list[str]:
+    """Every float32 activation of the graph (inputs and op results, not constants)."""
+    names = [v.name for v in graph.inputs if v.dtype == "float32"]
+    names += [r.name for op in graph.ops for r in op.results if r.dtype == "float32" and r.type.quant is None]
+    return list(dict.fromkeys(names))
+
+
+def calibrate_all(graph: Graph, opts) -> dict[str, tuple[float, float]]:
+    """The ranges of every float activation by the build's method, in ONE pass over the
+    calibration data: any mixed plan's params come from these (given ranges win)."""
+    from ..passes import quantize as Q
+    return Q._ranges(graph, activation_values(graph), opts, {})
+
+
+def format_table(rows: list[dict], limit: int | None = 20) -> str:
+    """The ranked table as text (the first ``limit`` rows)."""
+    def f(x, fmt=".2f"):
+        return "—" if x is None else format(x, fmt)
+    w = max([12] + [min(len(r["layer"]), 40) for r in rows])
+    head = (f"{'#':>3} {'layer':<{w}} {'kind':<26} {'only-int8 dB':>12} {'only-float dB':>13} "
+            f"{'gain dB':>8} {'KL only-int8':>12} {'RMSE only-int8':>14}")
+    drop = any("accuracy_drop_only_int8" in r for r in rows)
+    if drop:
+        head += f" {'drop pts':>8}"
+    lines = ["sensitivity (ranked: most damaging first)", head, "-" * len(head)]
+    for r in rows[:limit]:
+        name = r["layer"] if len(r["layer"]) <= w else "…" + r["layer"][-(w - 1):]
+        s = (f"{r['rank']:>3} {name:<{w}} {r['kind']:<26} {f(r['sqnr_only_int8_db']):>12} "
+             f"{f(r['sqnr_only_float_db']):>13} {f(r['gain_db']):>8} {f(r['kl_only_int8'], '.2e'):>12} "
+             f"{f(r['rmse_only_int8'], '.2e'):>14}")
+        if drop:
+            s += f" {f(r.get('accuracy_drop_only_int8')):>8}"
+        lines.append(s)
+    if limit is not None and len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more in report.json")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,120 @@
+"""select_float_layers: greedy with re-evaluation, prune, exchange and cost, against brute force.
+
+On the small outlier models (tests/quant/mixed_models.py, 8 quantizable layers) every subset is
+evaluated (2^8 = 256 reference runs), so the minimal float set for a budget is known exactly; the
+selection must meet the budget with a set of that size, for budgets from "plain int8 already
+meets it" to "every outlier layer must be float"."""
+import itertools
+import math
+
+import pytest
+
+from qcompiler.passes.quantize import QuantizeOptions
+from qcompiler.quant.select import brute_force, select_float_layers
+from qcompiler.quant.sensitivity import Sensitivity
+
+from mixed_models import feeds, outlier_mlp
+
+
+def sensitivity(severity, seed=0):
+    g = outlier_mlp(severity, seed)
+    opts = QuantizeOptions(calib=[{"x": feeds(64, 1)}], per_channel=False, bias_correction=False)
+    return Sensitivity(g, opts, [({"x": feeds(64, 2)}, None)])
+
+
+def exhaustive(sens):
+    """score of every subset of the candidates (evaluated once, memoized by Sensitivity)."""
+    c = sens.candidates
+    return {frozenset(s): sens.scores(frozenset(s)).sqnr_db
+            for k in range(len(c) + 1) for s in itertools.combinations(c, k)}
+
+
+def minimal_size(table, budget):
+    return min((len(s) for s, v in table.items() if v >= budget), default=None)
+
+
+@pytest.mark.parametrize("severity,seed", [({"g2": 60, "g4": 25, "g5": 8}, 0),
+                                           ({"g1": 40, "g3": 40, "g6": 15}, 1),
+                                           ({"g2": 30, "g4": 30, "g5": 30, "g6": 30}, 2)])
+def test_greedy_prune_as_small_as_brute_force(severity, seed):
+    sens = sensitivity(severity, seed)
+    assert len(sens.candidates) == 8 and {"add1", "add2"} <= set(sens.candidates)   # from the plan
+    table = exhaustive(sens)
+    plain = table[frozenset()]
+    finite = sorted({round(v, 6) for v in table.values() if math.isfinite(v)})
+    # budgets: just above plain int8, and between consecutive achievable scores up to the best
+    budgets = [plain - 1.0] + [(a + b) / 2 for a, b in zip(finite, finite[1:]) if a >= plain][:12] + [finite[-1]]
+    sizes = []
+    for budget in budgets:
+        for shortlist in (None, 3):
+            sel = select_float_layers(lambda s: table[s], sens.candidates, budget, shortlist=shortlist,
+                                      prior=sens.prior())
+            best = minimal_size(table, budget)
+            assert sel.met and table[frozenset(sel.float_layers)] >= budget
+            assert len(sel.float_layers) == best, (budget, sel.float_layers, brute_force(lambda s: table[s],
+                                                                                           sens.candidates, budget))
+            assert sel.score == pytest.approx(table[frozenset(sel.float_layers)])
+        sizes.append(best)
+    assert sizes[0] == 0 and max(sizes) >= 2          # plain int8 meets the first, the outliers need >= 2 float
+    # each float layer's reason is its measured marginal gain
+    sel = select_float_layers(lambda s: table[s], sens.candidates, budgets[-2])
+    S = frozenset(sel.float_layers)
+    for f in S:
+        assert sel.gains[f] == pytest.approx(table[S] - table[S - {f}])
+        assert sel.reasons()[f].startswith("budget: +")
+
+
+def cover(sets: dict[str, set], weights: dict[int, float]):
+    """A score with overlapping layers: the weight of the error sources their float-ness removes."""
+    return lambda S: sum(w for e, w in weights.items() if any(e in sets[n] for n in S))
+
+
+def test_reevaluation_beats_the_static_ranking():
+    """Algorithm 6.2 un-quantizes by ONE ranking: a (7), then b (5.5 alone, but it overlaps a: +2.5),
+    then c: three layers. Re-measuring after each move takes c (+4.5) second: two layers."""
+    score = cover({"a": {1, 2}, "b": {2, 3}, "c": {4}, "d": set()}, {1: 4, 2: 3, 3: 2.5, 4: 4.5})
+    static = sorted("abcd", key=lambda n: -score(frozenset(n)))
+    S = frozenset()
+    for n in static:                                       # Algorithm 6.2 as written
+        if score(S) >= 11:
+            break
+        S |= {n}
+    assert len(S) == 3
+    sel = select_float_layers(score, list("abcd"), 11)
+    assert set(sel.float_layers) == {"a", "c"} and sel.met and sel.steps[1]["add"] == ["c"]
+
+
+def test_prune_drops_a_layer_made_redundant():
+    """Ties pick a first; {a, b} then {a, b, c}; a is redundant once b and c are float."""
+    score = cover({"a": {2, 3}, "b": {1, 2}, "c": {3, 4}}, {1: 1, 2: 1, 3: 1, 4: 1})
+    sel = select_float_layers(score, list("abc"), 4, tie=0)
+    assert set(sel.float_layers) == {"b", "c"}
+    assert [s["phase"] for s in sel.steps][-1] == "prune"
+    assert brute_force(score, list("abc"), 4) == frozenset("bc")
+
+
+def test_cost_prefers_the_cheaper_set_of_the_same_size():
+    """a and b fix the same error equally well; b is cheaper (e.g. it sits next to a float op, so
+    no Q/DQ boundary): the latency-aware selection takes b, the accuracy-only one a (first by order)."""
+    score = cover({"a": {1}, "b": {1}, "c": {2}, "d": {3}}, {1: 5, 2: 3, 3: 0.1})
+    lat = {"a": 3.0, "b": 1.0, "c": 2.0, "d": 0.5}
+
+    def cost(S):
+        return 10.0 + sum(lat[n] for n in S)
+    plain = select_float_layers(score, list("abcd"), 8)
+    fast = select_float_layers(score, list("abcd"), 8, cost=cost)
+    assert set(plain.float_layers) == {"a", "c"} and set(fast.float_layers) == {"b", "c"}
+    assert fast.cost == cost(frozenset("bc")) < cost(frozenset(plain.float_layers))
+    assert fast.cost == cost(brute_force(score, list("abcd"), 8, cost=cost))
+    # a move that reaches the budget beats a better-scoring but pricier one
+    score2 = cover({"a": {1, 2}, "b": {1}}, {1: 5, 2: 1})
+    sel = select_float_layers(score2, ["a", "b"], 4, cost=lambda S: sum({"a": 5, "b": 1}[n] for n in S))
+    assert sel.float_layers == ("b",)
+
+
+def test_unreachable_budget_is_reported():
+    score = cover({"a": {1}, "b": {2}}, {1: 1, 2: 1, 3: 5})
+    sel = select_float_layers(score, ["a", "b"], 5)
+    assert not sel.met and sel.score == 2 and set(sel.float_layers) == {"a", "b"}
+    j = sel.to_json()
+    assert j["met"] is False and j["float_layers"] and j["iterations"] == len(sel.steps)
