@@ -61,8 +61,23 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--eval", default=None, metavar="PATH",
                    help="evaluate the report on this data (.npy/.npz or image folder, same preprocessing) "
                         "instead of the calibration source's next samples")
-    q.add_argument("--keep-float", action="append", default=[], metavar="NAME|KIND",
-                   help="keep these ops (by name or kind) in float (repeatable)")
+    q.add_argument("--keep-float", action="append", default=[], metavar="NAME|op:TYPE",
+                   help="keep this op (by name) or every op of a type (op:Conv; a bare type works too) "
+                        "in float (repeatable)")
+    q.add_argument("--force-int8", action="append", default=[], metavar="NAME",
+                   help="make this op integer even if --keep-float names its type or the budget would "
+                        "keep it float (repeatable; an op with no integer kernel is an error)")
+    q.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
+                   help="budget: keep the fewest layers float so that the output SQNR vs fp32 on the "
+                        "calibration samples is at least DB (greedy with re-evaluation, then pruned)")
+    q.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
+                   help="budget: keep the fewest layers float so that top-1 accuracy on the labelled "
+                        "--eval data drops at most POINTS percentage points vs fp32")
+    q.add_argument("--sensitivity", action="store_true",
+                   help="measure and report the per-layer sensitivity table (only-this-int8 / "
+                        "only-this-float SQNR, KL, RMSE) even without a budget")
+    q.add_argument("--sensitivity-samples", type=int, default=64, metavar="N",
+                   help="samples the sensitivity and the budget are measured on (default 64)")
     q.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-layer range equalization before quantizing (Nagel et al. 2019; runs "
                         "relu6-to-relu and equalize, writes OUT/equalization.svg and .json); "
@@ -71,6 +86,18 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                    help="correct the mean output shift of the int8 weights: 'analytic' from the "
                         "BatchNorm statistics (bias-correct pass, no data), 'empirical' from the "
                         "calibration data (default when quantizing), or 'none'")
+    sp = p.add_argument_group("sparsity (prune pass; qcompiler/sparse)")
+    sp.add_argument("--sparsity", type=float, default=None, metavar="F",
+                    help="magnitude-prune conv/gemm weights to this fraction of zeros (0 < F < 1); without it, "
+                         "sparsity already in the weights is only detected and reported")
+    sp.add_argument("--sparsity-pattern", default=None, choices=("unstructured", "2:4", "block4"),
+                    help="unstructured (default), 2:4 (2 of every 4 along the reduction axis; implies F = 0.5) "
+                         "or block4 (1x4 blocks along the reduction axis)")
+    sp.add_argument("--sparsity-global", action="store_true",
+                    help="one magnitude ranking over all layers instead of F per layer (unstructured, block4)")
+    sp.add_argument("--no-prune", action="append", default=[], metavar="NAME|KIND",
+                    help="leave this layer (op name) or kind (Conv, Gemm, MatMul) dense (repeatable); "
+                         "depthwise convs are never pruned")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,19 +236,62 @@ def quantize_options(graph, args):
                            bias_correction=args.bias_correction in (None, "empirical"))
 
 
-def run_pipeline(graph, args, log):
+def prune_options(args):
+    """PruneOptions from --sparsity/--sparsity-pattern/--sparsity-global/--no-prune (None: no pruning)."""
+    from .passes.prune import PruneOptions
+    f, pattern = getattr(args, "sparsity", None), getattr(args, "sparsity_pattern", None)
+    if f is None and pattern == "2:4":
+        f = 0.5
+    if f is None:
+        for flag, given in (("--sparsity-pattern", pattern), ("--sparsity-global", args.sparsity_global),
+                            ("--no-prune", args.no_prune)):
+            if given:
+                raise UserError(f"{flag} needs --sparsity", flag, "add --sparsity F (e.g. 0.5)")
+        return None
+    if not 0.0 < f < 1.0:
+        raise UserError(f"--sparsity must be between 0 and 1 (exclusive), got {f:g}", "--sparsity",
+                        "give the fraction of weights to zero, e.g. 0.5")
+    if pattern == "2:4" and f != 0.5:
+        raise UserError(f"the 2:4 pattern zeroes exactly half of the weights, --sparsity {f:g} contradicts it",
+                        "--sparsity", "drop --sparsity or give 0.5")
+    if pattern == "2:4" and args.sparsity_global:
+        raise UserError("--sparsity-global has no meaning for 2:4 (every group of 4 keeps 2)",
+                        "--sparsity-global", "drop it, or use --sparsity-pattern unstructured|block4")
+    return PruneOptions(sparsity=f, pattern=pattern or "unstructured", global_=args.sparsity_global,
+                        skip=frozenset(args.no_prune))
+
+
+def run_pipeline(graph, args, log, evaluation=None):
     from .passes import PassContext, PassManager, parse_pipeline
     from .quant.dfq import dfq_recipe, equalize_default
     pipeline = parse_pipeline(args.passes)
+    prune_opts = prune_options(args)
+    if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
+        pipeline.insert(pipeline.index("quantize") if "quantize" in pipeline else len(pipeline), "prune")
     quantizing = "quantize" in pipeline
     equalize = args.equalize if args.equalize is not None else quantizing and equalize_default(not args.per_tensor)
     bias = args.bias_correction or ("empirical" if quantizing else "none")
     pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
     ctx = PassContext(log=log)
-    if "quantize" in pipeline:
-        ctx.options["quantize"] = quantize_options(graph, args)
+    if prune_opts is not None:
+        ctx.options["prune"] = prune_opts
+    from .quant import mixed
+    req = mixed.Request(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
+                        args.sensitivity, args.sensitivity_samples)
+    if req.active and "quantize" not in pipeline:
+        raise UserError("--min-sqnr/--max-accuracy-drop/--force-int8/--sensitivity need quantization",
+                        "--dtype", "add --dtype int8 (or the quantize pass)")
+    req.check()
     pm = PassManager(pipeline, print_ir_after=args.print_ir_after, time_passes=args.time_passes,
                      out=sys.stdout, ctx=ctx)
+    if "quantize" in pipeline:                  # float passes, then which layers stay float, then quantize
+        ctx.options["quantize"] = quantize_options(graph, args)
+        at = pipeline.index("quantize")
+        pre = PassManager(pipeline[:at], print_ir_after=args.print_ir_after, out=sys.stdout, ctx=ctx)
+        pre.run(graph)
+        ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
+                                                                eval_data=evaluation, log=log)
+        pm.pipeline, pm.timings = pipeline[at:], list(pre.timings)
     pm.run(graph)
     return pm
 
@@ -303,6 +373,13 @@ def cmd_convert(args, log) -> int:
 
 
 def cmd_compile(args, log) -> int:
+    """compile, with one progress line on a terminal (passes, lower N kernels, tvm.compile, link)."""
+    from .progress import StageLine, listening
+    with StageLine("compile", quiet=args.quiet) as line, listening(line):
+        return _cmd_compile(args, log)
+
+
+def _cmd_compile(args, log) -> int:
     from .codegen.target import TargetSpec
     check_model_path(args.model)
     spec = TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
@@ -336,7 +413,7 @@ def cmd_compile(args, log) -> int:
                                       batch=g.inputs[0].shape[0] if g.inputs and g.inputs[0].shape else 1,
                                       random_calib_samples=min(args.calib_samples, 64))
     ops_before, params_before = g.op_histogram(), g.param_count()
-    pm = run_pipeline(g, args, log)
+    pm = run_pipeline(g, args, log, evaluation)
     if args.export_qdq:
         from .quant.qdq_export import save_qdq
         save_qdq(g, args.export_qdq)
@@ -358,6 +435,8 @@ def cmd_compile(args, log) -> int:
             calibration={"source": args.calib, "samples": calib.num_samples if calib is not None
                          else min(args.calib_samples, 64), "method": args.calib_method})
         rep.update(data)
+        from .quant import mixed
+        rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
     else:
         rep = {"format_version": report.FORMAT_VERSION, **data, "layers": report_html.float_layers(g),
                "size": {"params_fp32_bytes": g.param_count()[1]}}
@@ -366,8 +445,16 @@ def cmd_compile(args, log) -> int:
         if "report" not in done:
             r = report.with_library_size(rep, manifest["library"]["bytes"]) if quantized else \
                 {**rep, "size": {**rep["size"], "library_fp32_bytes": manifest["library"]["bytes"]}}
+            if "sparsity" in r:
+                r = {**r, "sparsity": sparse_report.with_library(
+                    r["sparsity"], manifest["library"]["bytes"], sparse_report.building_library(args.output))}
             done["report"] = {**r, "warnings": report_html.warnings_of(r)}
         return done["report"]
+    if quantized or "sparsity" in g.meta:                       # pruned, or detect sparsity already there
+        from .sparse import report as sparse_report
+        rep["sparsity"] = sparse_report.sparsity_section(
+            g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
+            pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
     eq = g.meta.get("equalize")
     extra[report.REPORT] = lambda m: report.to_json(full_report(m))
     extra[report_html.HTML_NAME] = lambda m: report_html.render(
@@ -379,6 +466,10 @@ def cmd_compile(args, log) -> int:
                          indent=2, sort_keys=True))
     elif quantized and not args.quiet:
         print(report.format_table(done["report"]), end="")
+        from .quant import mixed
+        print(mixed.format_text(done["report"]), end="")
+        if "sparsity" in done["report"]:
+            print("\n".join(sparse_report.format_lines(done["report"]["sparsity"])))
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -424,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def log(msg: str) -> None:
             if not quiet:
+                from .progress import erase
+                erase()                       # the compile progress line, if one is drawn
                 print(msg, file=sys.stderr)
         import warnings
         warnings.showwarning = lambda m, c, f, l, file=None, line=None: log(f"qcompile: warning: {m}")

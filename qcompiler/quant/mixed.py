@@ -1,0 +1,262 @@
+"""Which layers of an int8 build stay float: user rules, default rules and the budget.
+
+Runs between the float pipeline and the ``quantize`` pass (``qcompile --dtype int8``):
+
+1. ``--keep-float NAME|op:TYPE`` (a bare TYPE still works) resolved against the graph: every entry
+   must name an op or an op type, else one UserError line;
+2. ``--force-int8 NAME`` overrides a keep-float *type* for that op; forcing an op the plan cannot
+   make integer (Softmax, Sigmoid, Tanh, Erf/Gelu: no integer kernel, the default rule keeps them
+   float) is a UserError;
+3. with ``--sensitivity`` the ranked table (:mod:`qcompiler.quant.sensitivity`), with
+   ``--min-sqnr DB`` / ``--max-accuracy-drop POINTS`` the budgeted selection
+   (:mod:`qcompiler.quant.select`) over the layers neither forced nor kept.
+
+The result is the QuantizeOptions the pass runs with (keep_float += the selection, the shared
+``ranges`` of the one calibration, bias correction as the evaluation had it) and the JSON parts of
+the report: ``sensitivity`` (rows) and ``selection`` (budget, met, every float layer with its reason).
+The SQNR budget is measured on the first samples of the calibration data; the build report then
+evaluates the result on held-back data. The accuracy budget needs labelled ``--eval`` data and is
+measured on it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..errors import UserError
+from ..ir.graph import Graph
+
+DEFAULT_FLOAT = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Erf", "Gelu")   # no integer kernel: float by rule
+OP_PREFIX = "op:"
+
+
+@dataclass
+class Request:
+    keep_float: tuple[str, ...] = ()
+    force_int8: tuple[str, ...] = ()
+    min_sqnr: float | None = None
+    max_accuracy_drop: float | None = None
+    sensitivity: bool = False
+    samples: int = 64
+    shortlist: int | None = 8
+
+    @property
+    def active(self) -> bool:
+        return bool(self.force_int8) or self.sensitivity or self.budget is not None
+
+    @property
+    def budget(self) -> float | None:
+        return self.min_sqnr if self.min_sqnr is not None else (
+            -self.max_accuracy_drop if self.max_accuracy_drop is not None else None)
+
+    def check(self) -> None:
+        if self.min_sqnr is not None and self.max_accuracy_drop is not None:
+            raise UserError("--min-sqnr and --max-accuracy-drop both given", "--min-sqnr",
+                            "give one budget")
+        if self.min_sqnr is not None and not math.isfinite(self.min_sqnr):
+            raise UserError(f"--min-sqnr must be a finite number of dB, got {self.min_sqnr}", "--min-sqnr",
+                            "give e.g. --min-sqnr 30")
+        if self.max_accuracy_drop is not None and not (0 <= self.max_accuracy_drop <= 100):
+            raise UserError(f"--max-accuracy-drop must be 0..100 points, got {self.max_accuracy_drop}",
+                            "--max-accuracy-drop", "give e.g. --max-accuracy-drop 0.5")
+        if self.samples < 1:
+            raise UserError(f"--sensitivity-samples must be positive, got {self.samples}",
+                            "--sensitivity-samples", "give e.g. 64")
+
+
+def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
+    """``--keep-float`` entries as the quantize pass's keep_float: names stay names, ``op:TYPE`` and
+    bare types become the type, or (when a forced op has that type) the names of its other ops."""
+    from ..ir.ops import REGISTRY
+    names = {op.name for op in graph.ops}
+    kinds = {op.kind for op in graph.ops}
+    out: set[str] = set()
+    forced = set(force_int8)
+    for e in entries:
+        kind = e[len(OP_PREFIX):] if e.startswith(OP_PREFIX) else None
+        if kind is None and e in names:
+            out.add(e)
+            continue
+        kind = kind or e
+        if kind not in kinds and kind not in REGISTRY:
+            near = sorted(n for n in names if e.lower() in n.lower())[:3]
+            raise UserError(f"--keep-float '{e}' names no op and no op type of the model", "--keep-float",
+                            "give an op name" + (f" (e.g. {', '.join(near)})" if near else "") +
+                            " or op:TYPE such as op:Conv (see 'qcompile inspect')")
+        of_kind = {op.name for op in graph.ops if op.kind == kind}
+        if of_kind & forced:
+            out |= of_kind - forced
+        else:
+            out.add(kind)
+    return frozenset(out)
+
+
+def check_forced(graph: Graph, opts, force_int8) -> None:
+    """Every ``--force-int8`` name is an op the quantize plan makes integer."""
+    from ..passes import quantize as Q
+    from .sensitivity import prepare
+    g = prepare(graph, opts)
+    plan = Q._plan(g, opts)
+    ops = {op.name: op for op in g.ops}
+    for name in force_int8:
+        if name not in ops:
+            raise UserError(f"--force-int8 '{name}' names no op of the model", "--force-int8",
+                            "give an op name as 'qcompile inspect' prints it")
+        op = ops[name]
+        if plan.role.get(op) is None:
+            why = plan.why.get(op, "")
+            rule = " (default rule: it stays float)" if op.kind in DEFAULT_FLOAT else ""
+            raise UserError(f"--force-int8 '{name}': {op.kind} cannot be integer: {why}{rule}", "--force-int8",
+                            "drop it from --force-int8 (only ops with an integer kernel can be forced)")
+
+
+def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, metric=None,
+         cost: Callable[[frozenset], float] | None = None, log: Callable[[str], None] = lambda m: None):
+    """(QuantizeOptions for the pass, report parts) for ``graph`` (the float graph before the
+    quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
+    where to measure (a Dataset / EvalData)."""
+    from ..passes import quantize as Q
+    from .select import select_float_layers
+    from .sensitivity import Sensitivity, samples
+    req.check()
+    forced = set(req.force_int8)
+    keep = resolve_keep_float(graph, req.keep_float, forced)
+    for name in forced & keep:
+        keep = keep - {name}
+    opts = replace(opts, keep_float=keep)
+    Q._prepare(graph, opts)                      # split residual blocks now: the selection names those parts
+    check_forced(graph, opts, forced)
+    parts: dict = {}
+    if not (req.sensitivity or req.budget is not None):
+        return opts, parts
+    accuracy = req.max_accuracy_drop is not None
+    if accuracy:
+        if eval_data is None or not eval_data.dataset.has_labels:
+            raise UserError("--max-accuracy-drop needs labelled evaluation data", "--max-accuracy-drop",
+                            "give --eval DATA.npz holding the inputs and a label array (or use --min-sqnr)")
+        data, where = samples(eval_data, req.samples), f"{eval_data.source} (evaluation data)"
+    else:
+        src = opts.calib
+        if src is None:
+            from .data import random_dataset
+            src = random_dataset(graph.inputs, min(req.samples, opts.random_samples))
+        data, where = samples(src, req.samples), "calibration data"
+    n = len(next(iter(data[0][0].values())))
+    log(f"sensitivity: one calibration of every activation, then per layer set a reference run of {n} samples")
+    sens = Sensitivity(graph, opts, data, metric=metric, log=log)
+    cands = [c for c in sens.candidates if c not in forced]
+    base = sens.scores(frozenset())
+    ref = sens.fp32
+    if req.sensitivity:
+        parts["sensitivity"] = {"samples": n, "data": where, "rows": sens.table(progress=True),
+                                "all_int8": base.to_json()}
+    reasons = {}
+    if req.budget is not None:
+        if accuracy:
+            def evaluate(S):
+                return -100.0 * (ref.accuracy - sens.scores(S).accuracy)
+            unit = "points"
+        else:
+            def evaluate(S):
+                return sens.scores(S).sqnr_db
+            unit = "dB"
+        prior = ([r["layer"] for r in parts["sensitivity"]["rows"]] if "sensitivity" in parts else sens.prior())
+        sel = select_float_layers(evaluate, cands, req.budget, cost=cost, shortlist=req.shortlist,
+                                  prior=prior, unit=unit)
+        opts = replace(opts, keep_float=keep | frozenset(sel.float_layers))
+        reasons.update(sel.reasons())
+        js = sel.to_json()
+        js.update(kind="min-sqnr" if not accuracy else "max-accuracy-drop", data=where, samples=n,
+                  candidates=len(cands), forced_int8=sorted(forced),
+                  scores=sens.scores(frozenset(sel.float_layers)).to_json(), all_int8=base.to_json())
+        if accuracy:
+            js["budget_points"] = req.max_accuracy_drop
+        parts["selection"] = js
+        log(f"selection: {len(sel.float_layers)} float layer(s) for {'SQNR' if not accuracy else 'accuracy'} "
+            f"budget {req.budget:g} {unit}: {sel.score:.2f} {unit} (all int8: {sel.baseline:.2f}); "
+            f"{sel.evaluations} evaluations")
+    parts.setdefault("selection", {"budget": None, "met": None, "float_layers": []})
+    parts["selection"]["user_keep_float"] = sorted(keep)
+    parts["_reasons"] = reasons
+    opts = replace(opts, ranges={**sens.ranges, **opts.ranges},
+                   bias_correction=opts.bias_correction and sens.bias_correction)
+    return opts, parts
+
+
+def float_reasons(int8: Graph, parts: dict, keep_float) -> dict[str, str]:
+    """Why each float layer of the built graph is float: budget, --keep-float, default rule, plan."""
+    out = {}
+    chosen = parts.get("_reasons", {})
+    for name, v in int8.meta.get("quant", {}).get("layers", {}).items():
+        if v.get("precision") != "float":
+            continue
+        kind = v.get("kind", "")
+        if name in chosen:
+            out[name] = chosen[name]
+        elif name in keep_float or kind in keep_float:
+            out[name] = "--keep-float"
+        elif kind in DEFAULT_FLOAT:
+            out[name] = f"default rule: {kind} stays float"
+        else:
+            out[name] = f"quantize plan: {v.get('reason', '')}"
+    return out
+
+
+def format_selection(sel: dict, reasons: dict[str, str]) -> str:
+    lines = []
+    if sel.get("budget") is not None:
+        u = sel.get("unit", "dB")
+        b = f"max accuracy drop {sel['budget_points']:g} points" if "budget_points" in sel else \
+            f"min SQNR {sel['budget']:g} dB"
+        lines.append(f"selection ({b}, on {sel['samples']} samples of the {sel['data']}): "
+                     f"{'met' if sel['met'] else 'NOT met'}, {sel['score']} {u} with "
+                     f"{len(sel['float_layers'])} float layer(s) (all int8: {sel['baseline']} {u}; "
+                     f"{sel['evaluations']} evaluations)")
+    if reasons:
+        lines.append("float layers:")
+        w = min(max(len(n) for n in reasons), 48)
+        lines += [f"  {n:<{w}}  {r}" for n, r in reasons.items()]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def report_parts(int8: Graph, parts: dict, opts, rep: dict) -> dict:
+    """``sensitivity`` and ``selection`` for report.json: the selection with every float layer's
+    reason, and the budget checked again on the report's held-back evaluation."""
+    if not parts:
+        return {}
+    out = {k: v for k, v in parts.items() if not k.startswith("_")}
+    sel = dict(out.get("selection", {}))
+    sel["float_layer_reasons"] = float_reasons(int8, parts, opts.keep_float)
+    ev = rep.get("evaluation", {})
+    if sel.get("budget") is not None and ev.get("samples"):
+        held: dict = {"samples": ev["samples"], "source": ev.get("source"), "held_back": ev.get("held_back")}
+        if "budget_points" in sel and "accuracy" in ev:
+            drop = 100 * (ev["accuracy"]["fp32"] - ev["accuracy"]["int8"])
+            held.update(accuracy_drop_points=round(drop, 4), met=drop <= sel["budget_points"] + 1e-9)
+        elif "budget_points" not in sel:
+            dbs = [o.get("sqnr_db") for o in ev.get("outputs", [])]
+            worst = min((math.inf if d is None else d) for d in dbs) if dbs else None
+            held.update(output_sqnr_db=dbs, met=worst is not None and worst >= sel["budget"])
+        sel["evaluation"] = held
+    out["selection"] = sel
+    return out
+
+
+def format_text(report: dict) -> str:
+    """The sensitivity table and the selection, for stdout after the build report's table."""
+    from .sensitivity import format_table
+    text = ""
+    if "sensitivity" in report:
+        text += format_table(report["sensitivity"]["rows"])
+    if "selection" in report:
+        sel = report["selection"]
+        text += format_selection(sel, sel.get("float_layer_reasons", {}))
+        held = sel.get("evaluation")
+        if held and "met" in held:
+            what = (f"accuracy drop {held['accuracy_drop_points']:.2f} points" if "accuracy_drop_points" in held
+                    else "output SQNR " + ", ".join("—" if d is None else f"{d:.2f}" for d in held["output_sqnr_db"])
+                    + " dB")
+            text += (f"on the {held['samples']} evaluation samples ({'held back' if held.get('held_back') else 'NOT held back'}): "
+                     f"{what}: budget {'met' if held['met'] else 'NOT met'}\n")
+    return text
