@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from ..errors import UserError
+from ..progress import report
 from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
 from .target import TargetSpec
 
@@ -52,6 +53,7 @@ def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: Build
     try:
         ex, cuda_info = _compile(graph, spec, build)
         lib = tmp / LIBRARY
+        report("link")
         export_library(ex, lib, spec, workspace=tmp / "work")
         if spec.family == "cuda":
             _check_device_code(lib, cuda_info)
@@ -59,6 +61,7 @@ def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: Build
         if graph.meta.get("debug_outputs"):
             manifest["debug"] = write_debug_ir(graph, tmp)
         if extra_files:
+            report("write")
             manifest["files"] = write_extra_files(extra_files, tmp, manifest)
         (tmp / MANIFEST).write_text(dumps(manifest))
         _replace(tmp, out)

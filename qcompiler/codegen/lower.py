@@ -69,6 +69,7 @@ import tvm_ffi
 from tvm import relax, te
 
 from ..ir import REGISTRY, Graph, Op, Value
+from ..progress import report
 from .fusion import ANCHORS, Group, plan
 from .kernels import conv as kconv
 from .kernels import elementwise as kelem
@@ -190,7 +191,7 @@ class _Lowering:
     def __init__(self, graph: Graph, spec: TargetSpec):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
-        self.fdtype = "float16" if spec.dtype == "fp16" else "float32"
+        self.fdtype = "float16" if "fp16" in (spec.dtype, spec.float_dtype) else "float32"
         self.stored: dict[Value, Stored] = {}
         self.outputs = {id(v) for v in graph.outputs}
         self.consts: dict[tuple[int, str], relax.Expr] = {}
@@ -291,7 +292,7 @@ class _Lowering:
                 return gv
         kind, params = sched
         if kind == "sparse":
-            scheduled = ksparse.schedule(func, self.spec.family, self.vw)
+            scheduled = ksparse.schedule(func, self.spec.family, self.vw, **params)
         elif self.spec.family == "cuda":
             scheduled = func          # left unscheduled: TVM's CUDA pipeline applies dlight's GPU rules
         else:
@@ -343,8 +344,9 @@ class _Lowering:
             self.stored[v] = Stored(p, v.shape or (1,), v.dtype) if v.shape else Stored(p, (), v.dtype)
         with bb.function("main", params):
             with bb.dataflow():
-                for g in groups:
+                for i, g in enumerate(groups):
                     self.emit_group(bb, g, order)
+                    report("lower", i + 1, len(groups))
                 outs = [self._output(bb, v) for v in graph.outputs]
                 res = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(res)
@@ -449,6 +451,7 @@ def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
 def build_module(graph: Graph, spec: TargetSpec) -> tvm.runtime.Executable:
     """lower() + tvm.compile for ``spec.tvm``: the executable the artifact writer exports."""
     mod = lower(graph, spec)
+    report("tvm.compile")
     return tvm.compile(mod, target=tvm.target.Target(spec.tvm))
 
 
@@ -457,6 +460,7 @@ def compile_timed(graph: Graph, spec: TargetSpec) -> tuple[tvm.runtime.Executabl
     t0 = time.perf_counter()
     mod = lower(graph, spec)
     t1 = time.perf_counter()
+    report("tvm.compile")
     ex = tvm.compile(mod, target=tvm.target.Target(spec.tvm))
     t2 = time.perf_counter()
     return ex, {"lower_s": t1 - t0, "compile_s": t2 - t1, "kernels": sum(

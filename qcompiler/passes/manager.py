@@ -29,6 +29,7 @@ from typing import Any, Callable, TextIO
 
 from ..errors import UserError
 from ..ir.graph import Graph, IRError
+from ..progress import report
 
 PassFn = Callable[[Graph, "PassContext"], bool]
 
@@ -144,8 +145,9 @@ class PassManager:
     def run(self, graph: Graph) -> Graph:
         _load_builtin_passes()
         done: list[str] = []
-        for name in self.pipeline:
+        for i, name in enumerate(self.pipeline):
             info = REGISTRY[name]
+            report(f"pass {name}", i, len(self.pipeline))
             n0 = len(graph)
             t0 = time.perf_counter()
             try:
