@@ -21,6 +21,7 @@ class TargetSpec:
     arch: tuple[str, ...] = ("sm_90",)       # CUDA SM architectures to embed device code for
     features: tuple[str, ...] = field(default_factory=tuple)   # LLVM mattr, e.g. ("+dotprod", "+fullfp16")
     num_threads: int | None = None
+    float_dtype: str = "fp32"                # storage of the float layers of an int8 build: fp32 | fp16
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -29,6 +30,8 @@ class TargetSpec:
             raise UserError(f"unknown dtype '{self.dtype}'", "--dtype", f"use one of {', '.join(DTYPES)}")
         if self.dtype == "bf16" and self.family != "cuda":
             raise UserError("bf16 is supported on CUDA only", "--dtype", "use fp16 or fp32 on CPU targets")
+        if self.float_dtype not in ("fp32", "fp16"):
+            raise UserError(f"unknown float dtype '{self.float_dtype}'", "--float-dtype", "use fp32 or fp16")
         for a in self.arch:
             if not (a.startswith("sm_") and a[3:].isdigit()):
                 raise UserError(f"bad CUDA arch '{a}'", "--arch", "write it like sm_87 or sm_90")
