@@ -34,6 +34,9 @@ Records ``graph.meta["sparsity"]``::
      "layers": {op_name: {"kind", "groups", "matrix": [N, K], "params", "zeros", "sparsity",
                           "nm_2_4": bool, "zero_blocks_1x4": frac, "pruned": bool, "skipped": reason?}}}
 
+With a target, the graph before pruning is kept in ``ctx.data["prune.dense_graph"]`` (the build
+report measures the pruning's own error against it: :mod:`qcompiler.sparse.report`).
+
 Before/after (``--sparsity 0.5``, unstructured)::
 
     %y = Conv(%x, %w: [2, 1, 1, 2] = [[[[0.1, -0.7]]], [[[0.3, 0.05]]]])
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import UserError
 from ..ir.graph import Graph, Op, Value
 from ..sparse.format import conv_matrices, gemm_matrix
 from ._common import pass_options
@@ -203,10 +207,20 @@ def stats(layer: Layer) -> dict:
             "depthwise": layer.depthwise}
 
 
+def base_kind(kind: str) -> str:
+    """Conv for Conv/FusedConv/QLinearConv, Gemm for Gemm/FusedGemm/QLinearGemm, else the kind."""
+    for prefix in ("Fused", "QLinear"):
+        if kind.startswith(prefix):
+            return kind[len(prefix):]
+    return kind
+
+
 def skip_reason(layer: Layer, opts: PruneOptions) -> str | None:
     op = layer.op
-    if op.name in opts.skip or op.kind in opts.skip:
-        return "skipped by name" if op.name in opts.skip else f"skipped by kind {op.kind}"
+    if op.name in opts.skip:
+        return "skipped by name"
+    if op.kind in opts.skip or base_kind(op.kind) in opts.skip:
+        return f"skipped by kind {base_kind(op.kind)}"
     if opts.skip_depthwise and layer.depthwise:
         return "depthwise (one kh*kw filter per channel: nothing to encode, accuracy-critical)"
     return None
@@ -215,6 +229,12 @@ def skip_reason(layer: Layer, opts: PruneOptions) -> str | None:
 def prune_graph(graph: Graph, opts: PruneOptions) -> dict:
     """Prune (or, with ``opts.sparsity is None``, only measure) ``graph``; returns the meta record."""
     found = layers(graph)
+    known = {l.op.name for l in found} | {l.op.kind for l in found} | {base_kind(l.op.kind) for l in found}
+    unknown = sorted(set(opts.skip) - known)
+    if unknown:
+        raise UserError(f"--no-prune {unknown[0]!r} names no conv/gemm layer with a constant weight", "--no-prune",
+                        f"give a layer name (see 'qcompile inspect') or a kind: "
+                        f"{', '.join(sorted({base_kind(l.op.kind) for l in found}))}")
     chosen = [(l, skip_reason(l, opts)) for l in found]
     todo = [l for l, why in chosen if why is None] if opts.sparsity is not None else []
     masks: dict[int, np.ndarray] = {}
@@ -278,6 +298,8 @@ def summarize(record: dict) -> dict:
 def prune(graph: Graph, ctx: PassContext) -> bool:
     """Magnitude pruning of conv/gemm weights (unstructured, N:M, block4), or sparsity detection."""
     opts = pass_options(ctx, "prune", PruneOptions)
+    if opts.sparsity is not None:
+        ctx.data["prune.dense_graph"] = graph.clone()      # for the report: the pruning's own SQNR
     rec = prune_graph(graph, opts)
     graph.meta["sparsity"] = rec
     s = summarize(rec)

@@ -44,7 +44,8 @@ Formats
 
 ``Dense``: ``values [N, K]`` as is (the baseline every sparse format is compared with).
 
-``encode(W, fmt)`` / ``decode(enc)`` round-trip exactly (bit for bit, any dtype); ``stored_bytes(enc)``
+``encode(W, fmt)`` / ``decode(enc)`` round-trip exactly (bit for bit, any dtype; a float ``-0.0`` is a zero
+like any other and decodes as ``+0.0``, which no product or sum can tell apart); ``stored_bytes(enc)``
 counts every array the kernel needs (values, indices, pointers), nothing else.
 """
 from __future__ import annotations

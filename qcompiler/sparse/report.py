@@ -1,0 +1,151 @@
+"""The ``sparsity`` section of the build report (``OUT/report.json``), and what the library is made of.
+
+    sec = sparsity_section(graph, dense_fp32=..., pruned_fp32=..., data=eval_data)
+    sec = with_library(sec, OUT / "model.so")
+
+Per layer (conv/gemm with a constant weight, final graph, in order): sparsity before/after pruning,
+whether it was pruned or why not, 2:4 compliance, the format the cost model chose for time and for
+size, the dense bytes and the encoded bytes (of the size-optimal format, :mod:`.cost`).
+
+Pruning's own effect (with ``--sparsity`` and evaluation data): the unpruned and the pruned fp32
+graph (``ctx.data["prune.dense_graph"]`` and the graph the quantize pass started from) run on the
+held-back data through :func:`qcompiler.quant.report.evaluate`: per pruned layer the SQNR of its
+output (the error pruning accumulated up to it), output SQNR, top-1 agreement and, with labels, the
+top-1 accuracy of both (the int8 accuracy is in the report's ``evaluation``).
+
+Sizes, measured and honest: the library's ELF sections (``.text`` = kernel code, ``.rodata`` holding
+TVM's ``__tvm_ffi__library_bin`` = Relax VM bytecode + the constant pool of packed weights, biases,
+requantization multipliers), and the estimate of the library with the weights sparse-encoded:
+``library - Σ dense weight bytes + Σ encoded bytes`` (kernel code unchanged; the dense kernels store
+weights re-laid out but not larger, so the subtraction is an under-estimate of what leaves).
+"""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from ..ir.graph import Graph
+from ..passes.encode_sparse import decide
+from ..passes.prune import summarize
+
+
+def elf_sizes(path: str | Path) -> dict[str, int]:
+    """Section sizes of an ELF64 little-endian shared library, plus ``library_bin``: the size of
+    TVM's ``__tvm_ffi__library_bin`` symbol (the serialized modules: VM bytecode and constants).
+    Empty for a file that is not such an ELF."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return {}
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = []
+    for i in range(shnum):
+        name, typ, _flags, _addr, off, size, link, _info, _al, entsize = struct.unpack_from(
+            "<IIQQQQIIQQ", data, shoff + i * shentsize)
+        secs.append((name, typ, off, size, link, entsize))
+    stroff = secs[shstrndx][2]
+
+    def cstr(base: int, at: int) -> str:
+        end = data.index(b"\0", base + at)
+        return data[base + at:end].decode(errors="replace")
+    out = {cstr(stroff, s[0]): s[3] for s in secs if s[3]}
+    for name, typ, off, size, link, entsize in secs:
+        if typ != 2 or not entsize:                      # SHT_SYMTAB
+            continue
+        strtab = secs[link][2]
+        for j in range(size // entsize):
+            st_name, _i, _o, _sh, _v, st_size = struct.unpack_from("<IBBHQQ", data, off + j * entsize)
+            if st_size and cstr(strtab, st_name) == "__tvm_ffi__library_bin":
+                out["library_bin"] = st_size
+    return out
+
+
+def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp32: Graph | None = None,
+                     data=None) -> dict:
+    """The report's ``sparsity`` dict for the final ``graph`` (runs the encode-sparse decision)."""
+    from ..quant.report import _round, evaluate
+    rec = decide(graph)
+    rows, dense_total, enc_total = [], 0, 0
+    for name, r in rec["layers"].items():
+        e = r.get("encoding")
+        if e is None:
+            continue                                    # a float layer that vanished (not in the final graph)
+        dense_b, best = e["size"]["dense"], e["format_size"]
+        row = {"name": name, "kind": r["kind"], "matrix": r["matrix"], "groups": r["groups"],
+               "params": r["params"], "sparsity": r["sparsity"], "sparsity_before": r.get("sparsity_before", 0.0),
+               "nm_2_4": r["nm_2_4"], "pruned": bool(r.get("pruned", False)),
+               "format_time": e["format_time"], "format_size": best, "bits": e["bits"],
+               "dense_bytes": dense_b, "encoded_bytes": e["size"][best],
+               "time_ratio": _round(e["time"][e["format_time"]] / e["time"]["dense"])}
+        if "skipped" in r:
+            row["skipped"] = r["skipped"]
+        rows.append(row)
+        dense_total += dense_b
+        enc_total += e["size"][best]
+    sec = {"target": rec.get("target"), "pattern": rec.get("pattern"), "global": rec.get("global", False),
+           "layers": rows, "weights_dense_bytes": dense_total, "weights_encoded_bytes": enc_total,
+           "weights_ratio": _round(enc_total / max(dense_total, 1)),
+           **{k: v for k, v in summarize(rec).items() if k in ("params", "zeros", "sparsity")}}
+    if dense_fp32 is not None and pruned_fp32 is not None and data is not None and data.take > 0:
+        pruned = {r["name"] for r in rows if r["pruned"]}
+        names = {op.result.name: op.name for op in pruned_fp32.ops if op.name in pruned and op.results}
+        lrows = [{"value": v} for v in names]
+        res = evaluate(dense_fp32, pruned_fp32, data, lrows)
+        by_layer = {names[lr["value"]]: lr.get("sqnr_db") for lr in lrows}
+        for r in rows:
+            if r["name"] in by_layer:
+                r["pruning_sqnr_db"] = by_layer[r["name"]]
+        ev = {"samples": res["samples"], "outputs": res["outputs"]}
+        if "accuracy" in res:
+            ev["accuracy"] = {"fp32_dense": res["accuracy"]["fp32"], "fp32_pruned": res["accuracy"]["int8"]}
+        sec["pruning_effect"] = ev
+    return sec
+
+
+def building_library(out_dir: str | Path) -> Path | None:
+    """The model.so that :func:`qcompiler.codegen.artifact.write_artifact` (this process) is writing
+    for ``out_dir``, in its temporary folder next to it (the report is written before the rename)."""
+    out = Path(out_dir).absolute()
+    found = sorted(out.parent.glob(f".{out.name}.tmp-{os.getpid()}-*/model.so"))
+    return found[0] if found else None
+
+
+def with_library(sec: dict, library_bytes: int, library: str | Path | None = None) -> dict:
+    """Add the measured library breakdown (ELF sections of ``library`` when given) and the estimated
+    size of the library with its conv/gemm weights sparse-encoded."""
+    elf = elf_sizes(library) if library is not None and Path(library).is_file() else {}
+    total = int(library_bytes)
+    est = total - sec["weights_dense_bytes"] + sec["weights_encoded_bytes"]
+    return {**sec, "library": {
+        "bytes": total, "text_bytes": elf.get(".text"), "rodata_bytes": elf.get(".rodata"),
+        "library_bin_bytes": elf.get("library_bin"), "eh_frame_bytes": elf.get(".eh_frame"),
+        "sparse_encoded_bytes_estimated": est, "sparse_ratio_estimated": round(est / max(total, 1), 4),
+        "note": "weights are stored dense in model.so; the estimate replaces each conv/gemm weight's dense "
+                "bytes by its size-optimal encoding, kernel code unchanged"}}
+
+
+def format_lines(sec: dict) -> list[str]:
+    """A few lines for the text report."""
+    s = [f"sparsity: {100 * sec['sparsity']:.1f} % of {sec['params']:,} conv/gemm weights are zero"
+         + (f" (pruned: {sec['pattern']}, target {sec['target']:g}{', global' if sec['global'] else ''})"
+            if sec.get("target") is not None else " (detected, nothing pruned)")]
+    n_sparse = sum(r["format_time"] != "dense" for r in sec["layers"])
+    s.append(f"  weights dense {sec['weights_dense_bytes']:,} B -> encoded {sec['weights_encoded_bytes']:,} B "
+             f"({sec['weights_ratio']:.2f}x); cost model: {n_sparse} of {len(sec['layers'])} layers faster sparse")
+    pe = sec.get("pruning_effect")
+    if pe:
+        o = pe["outputs"][0] if pe["outputs"] else {}
+        line = f"  pruning alone (fp32): output SQNR {o.get('sqnr_db')} dB"
+        if "top1_agreement" in o:
+            line += f", top-1 agreement {100 * o['top1_agreement']:.2f} %"
+        if "accuracy" in pe:
+            line += (f", accuracy {100 * pe['accuracy']['fp32_dense']:.2f} % -> "
+                     f"{100 * pe['accuracy']['fp32_pruned']:.2f} %")
+        s.append(line)
+    lib = sec.get("library")
+    if lib:
+        s.append(f"  model.so {lib['bytes']:,} B (code .text {lib['text_bytes'] or 0:,} B, VM+constants "
+                 f"{lib['library_bin_bytes'] or 0:,} B); with sparse weights ~{lib['sparse_encoded_bytes_estimated']:,} B "
+                 f"({lib['sparse_ratio_estimated']:.2f}x, estimated)")
+    return s
