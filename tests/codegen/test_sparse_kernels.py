@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 
+from qcompiler.codegen.kernels import sparse as ksparse
 from qcompiler.codegen.lower import build_module
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir import Graph, QuantParams, TensorType
@@ -143,11 +144,13 @@ PATTERN = {"csr": "unstructured", "bsr4x1": "unstructured", "bsr1x4": "block4", 
     (5, 64, 48, 0.8, "int8"),
     (16, 130, 19, 0.9, "uint8"),
     (3, 33, 9, 0.95, "uint8"),         # empty rows likely
+    (2, 2100, 12, 0.4, "uint8"),       # 255·Σ|w| >= 2^24: int16 products, int32 sums (not exact in fp32)
 ])
 def test_qgemm_sparse_bit_exact(fmt, m, k, n, sparsity, storage):
     rng = np.random.default_rng(m * 1000 + k)
     w = prune(rng.integers(-127, 128, (n, k)).astype(np.int8), sparsity, PATTERN[fmt], rng)
     g = qgemm_graph(m, k, n, w, rng, storage)
+    assert ksparse._int_mode(storage, w) == ("float32" if k < 2000 else storage)
     check_int8(g, {"a": qinput((m, k), storage, rng)}, fmt, f"QLinearGemm {m}x{k}x{n} @{sparsity}")
 
 

@@ -47,7 +47,7 @@ from tvm.script.ir_builder import tirx as T
 from ...ir.types import INT_RANGES
 from ...sparse import format as sfmt
 from . import qdot
-from .conv import _attrs2d, _epilogue
+from .conv import F32_EXACT, _attrs2d, _epilogue, exact_f32_bound
 from .elementwise import activation
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const
 
@@ -87,6 +87,9 @@ def encode_groups(mats: np.ndarray, fmt: str):
     """Encode each group's ``[N/g, K]`` matrix and concatenate them row-wise into one encoding of
     ``[N, K]`` rows (row pointers offset, values stacked); BSR 4x1 groups must hold a multiple of
     4 rows (else the blocks would straddle groups)."""
+    if fmt == "2:4" and not all(sfmt.is_24(m) for m in mats):
+        raise NotImplementedError("graph.meta['sparsity'] asks for 2:4 but the weight is not 2:4 sparse "
+                                  "(prune with --sparsity-pattern 2:4)")
     encs = [sfmt.encode(m, fmt) for m in mats]
     if len(encs) == 1:
         return encs[0]
@@ -119,8 +122,9 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
     """``Y[b, n, p] = Σ_k W[n, k] X[b, group(n)·kp + k, p]`` as a ``te.extern`` stage.
 
     ``X`` is (nb, groups·kp, P) unless ``xread(buf, b, k, p)`` maps indices to its buffer (in-place
-    reads; ``shape`` then gives (nb, P)). Returns Y (nb, Nr, P): int32 for integer operands, float32 else; Nr = N rounded up to
-    the 4-row blocks for BSR 4x1 (rows >= N hold zeros)."""
+    reads; ``shape`` then gives (nb, P)). Returns Y (nb, Nr, P): int32 for integer X, float32 for a
+    float32 X (also with int8 weights: the exact-float32 integer mode); Nr = N rounded up to the
+    4-row blocks for BSR 4x1 (rows >= N hold zeros)."""
     fmt = enc.fmt
     n_rows, _ = enc.shape
     nb, p_len = shape or (int(X.shape[0]), int(X.shape[-1]))
@@ -133,14 +137,14 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
                   ctx.param(arrs["values"], "sp_values", keep_dtype=True)]
     rb = 4 if fmt == "bsr4x1" else 1
     nr = -(-n_rows // rb) * rb
-    acc_dtype = I32 if integer else F32
+    acc_dtype = I32 if integer and X.dtype != F32 else F32
     spec = getattr(getattr(ctx, "low", None), "spec", None)
     family = getattr(spec, "family", "x86")
     vw = getattr(ctx, "vw", 8)
     read = xread or (lambda buf, b, k, p: buf[b, k, p])
 
     def mac(acc, w, x):
-        if integer:
+        if acc_dtype == I32:
             return acc + cast(cast(x, I16) * cast(w, I16), I32)
         return acc + cast(w, F32) * cast(x, F32)
 
@@ -148,12 +152,12 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
         xb, *wb = ins
         (yb,) = outs
         k = _Kernel(fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp, rb, nr, nb, p_len)
-        with IRBuilder() as ib:
-            if family == "cuda":
-                k.cuda()
-            else:
-                k.cpu(vw)
-        return ib.get()
+        stmts = []
+        for part in ([k.cuda] if family == "cuda" else k.cpu(vw)):
+            with IRBuilder() as ib:
+                part()
+            stmts.append(ib.get())
+        return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
     return te.extern((nb, nr, p_len), [X, *params], body, name=name, dtype=acc_dtype)
 
@@ -206,19 +210,21 @@ class _Kernel:
                 for r in range(4):
                     each(r, vals[e, r, 0], col)
 
-    def cpu(self, vw: int):
+    def cpu(self, vw: int) -> list:
+        """The CPU loop nests, as callbacks emitting one statement each."""
         nblk = self.nr // self.rb
         if self.p == 1 and self.rb == 1:
-            return self.cpu_gemv(vw)
+            return [lambda: self.cpu_gemv(vw)]
         tile = min(self.p, 4 * vw if self.rb == 1 else 2 * vw)
         nfull, tail = divmod(self.p, tile)
-        with T.parallel(0, self.nb * nblk) as q:
-            b, nbk = q // nblk, q % nblk
-            if nfull:
-                with T.serial(0, nfull) as t:
-                    self._tile(b, nbk, t * tile, tile)
-            if tail:
-                self._tile(b, nbk, nfull * tile, tail)
+
+        def nest(size, count, base):
+            # P tiles outside, rows inside: the threads share one tile of X (tile x K) across rows
+            with T.parallel(0, self.nb * count * nblk) as q:
+                b, t, nbk = q // (count * nblk), (q // nblk) % count, q % nblk
+                self._tile(b, nbk, base + t * size, size)
+        return [lambda size=size, count=count, base=base: nest(size, count, base)
+                for size, count, base in ((tile, nfull, 0), (tail, 1, nfull * tile)) if size and count]
 
     def _tile(self, b, nbk, p0, size):
         rb = self.rb
@@ -302,6 +308,14 @@ def _zp(ctx, i) -> int:
     return int(ctx.op.operands[i].type.quant.zero_point[0])
 
 
+def _int_mode(x_dtype: str, w: np.ndarray) -> str:
+    """The dtype X is stored in for an int8 layer: float32 (the exact-float32 mode: every partial
+    sum is an integer below 2^24 in magnitude, max|x|·max_n Σ_k |w[n, k]| < 2^24, so FMAs on
+    float32 compute the integer sum exactly, at 16 lanes per FMA instead of int16 products
+    widened to int32) or the stored activation dtype (int16 products, int32 sums)."""
+    return F32 if exact_f32_bound(x_dtype, w) < F32_EXACT else x_dtype
+
+
 def _gemm_x(A, k: int, kp: int, fill, dtype: str) -> te.Tensor:
     """X (1, kp, M) = A^T, rows k >= K holding ``fill``."""
     m = A.shape[0]
@@ -381,13 +395,14 @@ def qgemm(ctx, a, ins, outs, fmt: str):
     m, n = outs[0].shape
     kk = w.shape[1]
     kp = padded_k(fmt, kk)
-    Y = spmm(ctx, _gemm_x(A, kk, kp, za, A.dtype), encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
+    xdt = _int_mode(A.dtype, w)
+    Y = spmm(ctx, _gemm_x(A, kk, kp, za, xdt), encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
     ctx.schedule("sparse")
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
         - za * w.astype(np.int64).sum(axis=1)
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
     rq = requant_fn(ctx, a, outs[0], n)
-    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(Y[0, idx[1], idx[0]] + fb(idx[1]), idx[1]))]
+    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(cast(Y[0, idx[1], idx[0]], I32) + fb(idx[1]), idx[1]))]
 
 
 def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str):
@@ -436,9 +451,10 @@ def _conv_acc(ctx, a, x, w, outs, fmt, fill, dtype, integer):
     enc = encode_groups(sfmt.conv_matrices(w, g), fmt)
     Y = spmm(ctx, X, enc, groups=g, kp=kp, integer=integer, xread=xread,
              shape=(x.shape[0], out_shape[2] * out_shape[3]))
-    ctx.schedule("sparse")
     ow = out_shape[3]
-    return Lazy(out_shape, I32 if integer else F32, lambda idx: Y[idx[0], idx[1], idx[2] * ow + idx[3]])
+    ctx.schedule("sparse", ow=ow)
+    return Lazy(out_shape, I32 if integer else F32,
+                lambda idx: cast(Y[idx[0], idx[1], idx[2] * ow + idx[3]], I32 if integer else F32))
 
 
 def conv2d(ctx, a, ins, outs, fmt: str):
@@ -461,7 +477,7 @@ def qconv2d(ctx, a, ins, outs, fmt: str):
     zx = _zp(ctx, 0)
     bias = ctx.const_data(2)
     k = w.shape[0]
-    acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, x.dtype, True)
+    acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, _int_mode(x.dtype, w), True)
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
         - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
@@ -485,10 +501,12 @@ def build(ctx, fmt: str, a, ins, outs):
 
 
 # ---- schedule ---------------------------------------------------------------------------------------
-def schedule(func, family: str, vw: int):
+def schedule(func, family: str, vw: int, ow: int = 0):
     """The sparse stage is scheduled by construction (its loops are written above); the X stage
     and the epilogue ("xcol", "out") get a parallel outer / vectorized inner loop nest on CPUs,
-    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads."""
+    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads.
+    ``ow``: the conv's output width; the im2col stage's pixel loop is split into (rows, ``ow``)
+    so that its inner loop reads contiguous input pixels."""
     from tvm import s_tir
     from ..schedules import x86 as sched_x86
     sch = s_tir.Schedule(func)
@@ -504,5 +522,12 @@ def schedule(func, family: str, vw: int):
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
         else:
-            sched_x86._spatial_nest(sch, blk, vw)
+            loops = sch.get_loops(blk)
+            if name == "xcol" and ow and len(loops) == 3 and sched_x86._extent(sch, loops[2]) % ow == 0:
+                b, k, p = loops
+                oy, ox = sch.split(p, [None, ow])
+                sch.parallel(sch.fuse(b, k, oy))
+                sch.vectorize(ox)
+            else:
+                sched_x86._spatial_nest(sch, blk, vw)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
