@@ -283,10 +283,8 @@ class _Kernel:
         """One thread per output (b, block row, p); a block of CUDA_THREADS threads."""
         nblk = self.nr // self.rb
         total = self.nb * nblk * self.p
-        bx = T.env_thread("blockIdx.x")
-        tx = T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, -(-total // CUDA_THREADS)):
-            with T.launch_thread(tx, CUDA_THREADS):
+        with T.thread_binding(0, -(-total // CUDA_THREADS), "blockIdx.x") as bx:
+            with T.thread_binding(0, CUDA_THREADS, "threadIdx.x") as tx:
                 i = bx * CUDA_THREADS + tx
                 with T.If(i < total):
                     with T.Then():
