@@ -263,3 +263,52 @@ def test_sparse_cuda_builds(tmp_path, fmt):
         data = (out / "model.so").read_bytes()
         assert ("sass", "sm_90") in cuda_aot.fatbin_contents(data)
         assert b"__global__" not in data
+
+
+# ---- real model: fashion_mobilenet pruned, quantized, encoded --------------------------------------
+def test_fashion_mobilenet_pruned_int8_sparse_equals_dense(tmp_path):
+    """fashion_mobilenet pruned to 80 % (unstructured, magnitude; depthwise convs skipped by prune),
+    quantized on 64 real Fashion-MNIST images, formats chosen by ``encode-sparse`` (objective size:
+    every pruned layer gets a sparse format), compiled once with the sparse kernels and once dense:
+    the uint8 outputs on 64 other real test images are identical, and equal to the integer reference.
+    Also one real layer alone in every format."""
+    import realmodels as rm
+
+    from qcompiler.passes import PassContext, PassManager, run_passes
+    from qcompiler.passes.encode_sparse import EncodeSparseOptions
+    from qcompiler.passes.prune import PruneOptions
+    from qcompiler.passes.quantize import QuantizeOptions
+    d = rm.fashion_test()
+    path = rm.MODELS_DIR / "fashion_mobilenet.onnx"
+    if d is None or not path.exists():
+        pytest.skip("models/fashion_mobilenet.onnx or fashion_test.npz missing")
+    x = d[0].astype(np.float32)
+    g, inp = rm.import_batched(str(path), (1, *x.shape[1:]), 32)
+    run_passes(g)
+    PassManager("prune", ctx=PassContext(options={"prune": PruneOptions(sparsity=0.8)})).run(g)
+    calib = [{inp: x[s:s + 32]} for s in (0, 32)]
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    PassManager("encode-sparse", ctx=PassContext(options={"encode-sparse": EncodeSparseOptions(objective="size")})).run(g)
+    chosen = {op.name: ksparse.layer_format(g, op) for op in g.ops if op.kind in ksparse.KINDS}
+    sparse_layers = [n for n, f in chosen.items() if f]
+    print("\nsparse layers:", {n: chosen[n] for n in sparse_layers})
+    assert len(sparse_layers) >= 5
+    feeds = {inp: x[64:96]}
+    got = run(g, feeds)
+    record = g.meta.pop("sparsity")
+    dense = run(g, feeds)
+    g.meta["sparsity"] = record
+    assert np.array_equal(got, dense)
+    assert np.array_equal(got, reference.run(g, feeds)[0])
+    # one real pruned layer (the largest pointwise conv) alone in every format, int8 and fp32
+    op = max((o for o in g.ops if o.kind == "QLinearConv" and chosen.get(o.name)),
+             key=lambda o: o.operands[1].data.size)
+    w = op.operands[1].data
+    rng = np.random.default_rng(0)
+    shape = (1, *op.operands[0].type.shape[1:])
+    a = op.attrs
+    for fmt in FORMATS:
+        if fmt == "2:4":
+            continue                                         # unstructured weights are not 2:4
+        gq = qconv_graph(shape, w, rng, group=a.get("group", 1), s=a.get("strides") or (1, 1), p=a.get("pads") or (0,) * 4)
+        check_int8(gq, {"x": qinput(shape, "uint8", rng)}, fmt, f"fashion {op.name}")

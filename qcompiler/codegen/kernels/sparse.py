@@ -61,9 +61,10 @@ CUDA_THREADS = 256
 def layer_format(graph, op) -> str | None:
     """The sparse format ``graph.meta["sparsity"]`` assigns to ``op`` (None: dense).
 
-    Accepted: a dict keyed by layer (op) name whose entries carry ``"format"`` (``"dense"``,
-    ``"csr"``, ``"bsr1x4"``, ``"bsr4x1"``, ``"2:4"``), optionally under ``"layers"``, or a list of
-    such entries with a ``"name"``; an entry may also name the layer by its weight (``"weight"``)."""
+    The ``encode-sparse`` pass records ``meta["sparsity"]["layers"][op_name]["encoding"]["format"]``
+    (``"dense"``, ``"csr"``, ``"bsr1x4"``, ``"bsr4x1"``, ``"2:4"``); also accepted: ``"format"`` on
+    the entry itself, entries keyed without ``"layers"``, or a list of entries with a ``"name"`` (or
+    the layer's ``"weight"`` name)."""
     if op.kind not in KINDS:
         return None
     meta = graph.meta.get("sparsity") if hasattr(graph, "meta") else None
@@ -77,7 +78,7 @@ def layer_format(graph, op) -> str | None:
     wname = op.operands[1].name if len(op.operands) > 1 and op.operands[1] is not None else None
     for e in entries:
         if e.get("name") == op.name or e.get("op") == op.name or (wname and e.get("weight") == wname):
-            fmt = e.get("format")
+            fmt = e.get("format") or (e.get("encoding") or {}).get("format")
             return fmt if fmt in FORMATS else None
     return None
 
