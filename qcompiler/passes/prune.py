@@ -290,8 +290,11 @@ def summarize(record: dict) -> dict:
     rows = record["layers"].values()
     params = sum(r["params"] for r in rows)
     zeros = sum(r["zeros"] for r in rows)
+    pp = sum(r["params"] for r in rows if r.get("pruned"))
+    pz = sum(r["zeros"] for r in rows if r.get("pruned"))
     return {"layers": len(rows), "pruned_layers": sum(bool(r.get("pruned")) for r in rows),
-            "params": params, "zeros": zeros, "sparsity": round(zeros / max(params, 1), 6)}
+            "params": params, "zeros": zeros, "sparsity": round(zeros / max(params, 1), 6),
+            "pruned_sparsity": round(pz / pp, 6) if pp else None}
 
 
 @register_pass("prune", options=PruneOptions)

@@ -86,7 +86,7 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
     sec = {"target": rec.get("target"), "pattern": rec.get("pattern"), "global": rec.get("global", False),
            "layers": rows, "weights_dense_bytes": dense_total, "weights_encoded_bytes": enc_total,
            "weights_ratio": _round(enc_total / max(dense_total, 1)),
-           **{k: v for k, v in summarize(rec).items() if k in ("params", "zeros", "sparsity")}}
+           **{k: v for k, v in summarize(rec).items() if k in ("params", "zeros", "sparsity", "pruned_sparsity")}}
     if dense_fp32 is not None and pruned_fp32 is not None and data is not None and data.take > 0:
         pruned = {r["name"] for r in rows if r["pruned"]}
         names = {op.result.name: op.name for op in pruned_fp32.ops if op.name in pruned and op.results}
@@ -127,7 +127,8 @@ def with_library(sec: dict, library_bytes: int, library: str | Path | None = Non
 
 def format_lines(sec: dict) -> list[str]:
     """A few lines for the text report."""
-    s = [f"sparsity: {100 * sec['sparsity']:.1f} % of {sec['params']:,} conv/gemm weights are zero"
+    pruned = f", {100 * sec['pruned_sparsity']:.1f} % of the pruned layers'" if sec.get("pruned_sparsity") else ""
+    s = [f"sparsity: {100 * sec['sparsity']:.1f} % of {sec['params']:,} conv/gemm weights are zero{pruned}"
          + (f" (pruned: {sec['pattern']}, target {sec['target']:g}{', global' if sec['global'] else ''})"
             if sec.get("target") is not None else " (detected, nothing pruned)")]
     n_sparse = sum(r["format_time"] != "dense" for r in sec["layers"])
