@@ -25,6 +25,10 @@ does not mark as estimated):
   represent, s (q_min - z) .. s (q_max - z) -- and, when ``equalize`` ran, the per-channel weight ranges
   before/after cross-layer equalization (:func:`qcompiler.quant.dfq.to_svg`; Nagel et al., "Data-Free
   Quantization Through Weight Equalization and Bias Correction", ICCV 2019).
+* **sensitivity and float layers** (``qcompile --sensitivity`` / ``--min-sqnr`` /
+  ``--max-accuracy-drop``; :mod:`qcompiler.quant.mixed`): the ranked per-layer sensitivity bars (SQNR
+  gained by keeping only that layer float) and each float layer with the reason it is float (the
+  budget and its measured gain, ``--keep-float``, a default rule, or the quantize plan).
 
 The calibration keeps only each value's [min, max] (or the clipped range its observer chose), not a
 histogram, so the activation plot shows ranges, and the outlier check "max |x| > 10x the 99.99th
@@ -191,6 +195,66 @@ def sqnr_svg(layers: list[dict]) -> str:
                f'y2="{T + len(rows) * BH}" stroke="#d9534f" stroke-dasharray="4 3"/>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+SENSITIVITY_ROWS = 40             # sensitivity plot: the most damaging layers shown
+
+
+def sensitivity_svg(rows: list[dict], n: int = SENSITIVITY_ROWS) -> str:
+    """Ranked bars, one per layer (most damaging first): the output SQNR gained by keeping only
+    that layer float, vs all int8 (dB; negative gains drawn as 0), labelled with the SQNR when
+    only that layer is int8."""
+    rows = [r for r in rows if r.get("gain_db") is not None][:n]
+    if not rows:
+        return ""
+    L, W, BH, T = 300, 900, 16, 40
+    top = max(1.0, max(r["gain_db"] for r in rows))
+    pw = W - L - 170
+    H = T + len(rows) * BH + 30
+    x = lambda db: L + max(db, 0.0) / top * pw                            # noqa: E731
+    out = [f'<svg class="plot sensitivity" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           '<text x="10" y="16" font-size="14" font-weight="bold">Sensitivity: output SQNR gained by keeping '
+           'only this layer float (dB vs all int8; ranked)</text>']
+    for i, r in enumerate(rows):
+        y = T + i * BH
+        g = r["gain_db"]
+        alone = r.get("sqnr_only_int8_db")
+        label = f"+{g:.2f} dB" + (f" (only it int8: {alone:.1f} dB)" if alone is not None else "")
+        out.append(f'<text x="{L - 6}" y="{y + BH - 4}" text-anchor="end">{_e(_short(r["layer"]))}</text>'
+                   f'<rect class="bar" x="{L}" y="{y + 2}" width="{x(g) - L:.1f}" height="{BH - 4}" fill="#e08a1e">'
+                   f'<title>{_e(r["layer"])} ({_e(r["kind"])}): {_e(label)}</title></rect>'
+                   f'<text x="{x(g) + 4:.1f}" y="{y + BH - 4}">{_e(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _mixed_sections(report: dict) -> list[str]:
+    """The sensitivity plot and the float layers with the reason each is float."""
+    parts = []
+    sens = report.get("sensitivity")
+    if sens and sens.get("rows"):
+        parts.append('<h2 id="sensitivity">Sensitivity</h2>')
+        parts.append(f'<p class="note">{len(sens["rows"])} quantizable layers measured on {sens.get("samples")} '
+                     f'samples of the {_e(sens.get("data", ""))}: SQNR of the model output vs fp32 with only the '
+                     'layer int8 (everything else float) and with only the layer float (everything else int8).</p>')
+        parts.append(sensitivity_svg(sens["rows"]))
+    sel = report.get("selection")
+    if sel:
+        parts.append('<h2 id="float-layers">Float layers</h2>')
+        if sel.get("budget") is not None:
+            u = sel.get("unit", "dB")
+            b = (f"accuracy drop at most {sel['budget_points']:g} points" if "budget_points" in sel
+                 else f"output SQNR at least {sel['budget']:g} dB")
+            parts.append(f'<p class="note">Budget: {_e(b)}; {"met" if sel.get("met") else "NOT met"} with '
+                         f'{len(sel.get("float_layers", []))} float layer(s): {_e(sel.get("score"))} {_e(u)} '
+                         f'(all int8: {_e(sel.get("baseline"))} {_e(u)}; {_e(sel.get("evaluations"))} '
+                         'evaluations, greedy with re-evaluation, then pruned).</p>')
+        reasons = sel.get("float_layer_reasons", {})
+        parts.append(_table("float-reasons", ["layer", "why float"], [[k, v] for k, v in reasons.items()])
+                     if reasons else '<p class="note">none: every quantizable layer is int8</p>')
+    return parts
 
 
 def size_bars(report: dict) -> list[tuple[str, int, bool]]:
@@ -431,5 +495,6 @@ def render(report: dict, *, equalization: dict | None = None) -> str:
         from .quant.dfq import to_svg
         svg = to_svg(equalization).decode()
         parts.append(svg.replace("<svg ", '<svg class="plot equalization" ', 1))
+    parts += _mixed_sections(report)
     parts.append("</body></html>\n")
     return "\n".join(parts)

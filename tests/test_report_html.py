@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from qcompiler.cli import main
-from qcompiler.report_html import SQNR_WARN_DB, WORST_LAYERS, render
+from qcompiler.report_html import SENSITIVITY_ROWS, SQNR_WARN_DB, WORST_LAYERS, render
 
 sys.path.insert(0, str(Path(__file__).parent))
 import realmodels  # noqa: E402
@@ -102,7 +102,8 @@ def fashion(tmp_path_factory):
         pytest.skip("fashion model or data missing")
     root = tmp_path_factory.mktemp("html")
     _compile([str(MODEL), "--dtype", "int8", "--calib", str(DATA), "--calib-samples", "64",
-              "--eval-samples", "32", "--equalize", "-o", str(root / "q8")])
+              "--eval-samples", "32", "--equalize", "--sensitivity", "--sensitivity-samples", "8",
+              "-o", str(root / "q8")])
     _compile([str(MODEL), "-o", str(root / "f32")])
     return root / "q8", root / "f32"
 
@@ -155,6 +156,11 @@ def test_int8_html_tables_and_plots(fashion):
     assert p.svgs["ranges"]["range"] == worst and p.svgs["ranges"]["calibrated"] <= worst
     assert "equalization" in p.svgs                        # --equalize: dfq.to_svg inlined
     assert (q8 / "equalization.svg").exists()
+    # --sensitivity: one ranked bar per quantizable layer; no budget, so no float layer to explain
+    rows = rep["sensitivity"]["rows"]
+    assert len(rows) == 29 and [r["rank"] for r in rows] == list(range(1, 30))
+    assert p.svgs["sensitivity"] == {"bar": min(len(rows), SENSITIVITY_ROWS)}
+    assert rep["selection"]["float_layers"] == [] and rep["selection"]["float_layer_reasons"] == {}
     # every layer's shape and SQNR is in the table as the JSON has it
     text = "".join(p.text)
     for r in rep["layers"]:
@@ -220,6 +226,16 @@ def test_render_escapes_every_model_string():
     assert "script" not in p.tags
     assert p.svgs["sqnr"] == {"bar": 1} and p.svgs["ranges"] == {"range": 1, "calibrated": 1}
     assert p.tables["layers"] == 1
+    rep["sensitivity"] = {"samples": 4, "data": EVIL, "rows": [
+        {"layer": EVIL + str(i), "kind": EVIL, "gain_db": 3.0 - i, "sqnr_only_int8_db": None if i else 20.0,
+         "sqnr_only_float_db": 30.0, "rank": i + 1} for i in range(3)]}
+    rep["selection"] = {"budget": 25.0, "unit": "dB", "met": True, "score": 26.0, "baseline": 20.0,
+                        "evaluations": 5, "float_layers": [EVIL], "float_layer_reasons": {EVIL: "budget: +6.00 dB",
+                                                                                          "sm": EVIL}}
+    html = render(rep)
+    assert "<script" not in html
+    p = parse(html)
+    assert p.svgs["sensitivity"] == {"bar": 3} and p.tables["float-reasons"] == 2
 
 
 def test_fp32_report_is_reproducible_and_timings_only_on_request(evil):
