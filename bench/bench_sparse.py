@@ -81,14 +81,18 @@ def _weights(shape, dtype):
     return (RNG.standard_normal(shape) * 0.05).astype(np.float32)
 
 
-def time_pair(kind, dtype, w, batch, fmt, rounds, iters, conv=None) -> tuple[float, float]:
-    """(dense ms, sparse ms) of one layer with weight ``w`` (already pruned)."""
+def time_variants(kind, dtype, batch, cases, rounds, iters, conv=None) -> list[float]:
+    """ms of the dense kernel (first case's weights) and of each ``(w, fmt)`` case's sparse kernel,
+    all compiled once and timed in interleaved rounds (dense does not depend on which weights are 0)."""
     import tvm
     from test_sparse_kernels import meta
-    g, x = _graph(kind, dtype, w, batch, conv)
-    dense = _compile(g)
-    sparse = _compile(meta(g, "layer", fmt))
-    return tuple(_interleaved([dense, sparse], [tvm.runtime.tensor(x)], rounds, iters))
+    fns = []
+    for i, (w, fmt) in enumerate(cases):
+        g, x = _graph(kind, dtype, w, batch, conv)
+        if i == 0:
+            fns.append(_compile(g))
+        fns.append(_compile(meta(g, "layer", fmt)))
+    return _interleaved(fns, [tvm.runtime.tensor(x)], rounds, iters)
 
 
 def bench_large(rounds, iters, batches, dtypes):
@@ -106,9 +110,10 @@ def bench_large(rounds, iters, batches, dtypes):
                 variants = [(f"{int(s * 100)}%", "csr", s, "unstructured") for s in (0.5, 0.7, 0.8, 0.9)]
                 variants += [(f"{int(s * 100)}%", "bsr4x1", s, "unstructured") for s in (0.8, 0.9)]
                 variants += [("2:4", "2:4", 0.5, "2:4")]
-                for label, fmt, s, pattern in variants:
-                    w = prune(base, s, pattern, RNG)
-                    d, sp = time_pair(kind, dtype, w, batch, fmt, rounds, iters, cv)
+                ws = [(prune(base, s, pattern, RNG), fmt) for _, fmt, s, pattern in variants]
+                t = time_variants(kind, dtype, batch, ws, rounds, iters, cv)
+                d = t[0]
+                for (label, fmt, _, _), sp in zip(variants, t[1:]):
                     rows.append((name, dtype, batch, label, fmt, d, sp))
                     print(f"{name:22s} {dtype:5s} {batch:5d} {label:>12s} {fmt:>7s} {d:9.3f} {sp:9.3f} "
                           f"{sp / d:6.2f}", flush=True)
@@ -174,14 +179,9 @@ def bench_models(models, sparsity, rounds, iters):
         wq = prune(wq, sparsity, "unstructured", RNG)
         mats = wq[None] if kind == "gemm" else conv_matrices(wq, conv[3])
         shape = cost.LayerShape.of(mats, p)
-        t = {}
-        for fmt in ("csr", "bsr1x4", "bsr4x1"):
-            if fmt == "bsr4x1" and shape.n % 4:
-                continue
-            d, s = time_pair(kind, "int8", wq, 1, fmt, rounds, iters, conv)
-            t.setdefault("dense", []).append(d)
-            t[fmt] = s
-        t["dense"] = float(np.median(t["dense"]))
+        fmts = [f for f in ("csr", "bsr1x4", "bsr4x1") if f != "bsr4x1" or shape.n % 4 == 0]
+        ms = time_variants(kind, "int8", 1, [(wq, f) for f in fmts], rounds, iters, conv)
+        t = dict(zip(["dense"] + fmts, ms))
         for f, v in t.items():
             samples.append((shape, f, v * 1e-3))
         best = min(t, key=t.get)
