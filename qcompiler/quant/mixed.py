@@ -67,7 +67,8 @@ class Request:
 
 def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
     """``--keep-float`` entries as the quantize pass's keep_float: names stay names, ``op:TYPE`` and
-    bare types become the type, or (when a forced op has that type) the names of its other ops."""
+    bare types become the type and its fused form (op:Conv: Conv and FusedConv, as the float
+    pipeline fuses Conv+Relu), or, when a forced op has that type, the names of its other ops."""
     from ..ir.ops import REGISTRY
     names = {op.name for op in graph.ops}
     kinds = {op.kind for op in graph.ops}
@@ -84,11 +85,12 @@ def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
             raise UserError(f"--keep-float '{e}' names no op and no op type of the model", "--keep-float",
                             "give an op name" + (f" (e.g. {', '.join(near)})" if near else "") +
                             " or op:TYPE such as op:Conv (see 'qcompile inspect')")
-        of_kind = {op.name for op in graph.ops if op.kind == kind}
+        also = {kind, "Fused" + kind} & (kinds | set(REGISTRY))        # op:Conv also means FusedConv (Conv+Relu)
+        of_kind = {op.name for op in graph.ops if op.kind in also}
         if of_kind & forced:
             out |= of_kind - forced
         else:
-            out.add(kind)
+            out |= also
     return frozenset(out)
 
 

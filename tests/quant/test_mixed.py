@@ -1,0 +1,99 @@
+"""qcompiler.quant.mixed: --keep-float NAME|op:TYPE, --force-int8, the budget flags' checks, and
+the reasons each float layer gets; bad values are one UserError line and exit code 2."""
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from qcompiler.cli import main
+from qcompiler.errors import UserError
+from qcompiler.passes.quantize import QuantizeOptions
+from qcompiler.quant import mixed
+
+from mixed_models import outlier_mlp
+
+
+def tiny_onnx(path):
+    """x[1,16] -> Gemm g1 -> Relu -> Gemm g2 -> Softmax sm -> y[1,10]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), n)
+             for n, s in (("w1", (16, 16)), ("b1", (16,)), ("w2", (16, 10)), ("b2", (10,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="g1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["z"], name="g2"),
+             helper.make_node("Softmax", ["z"], ["y"], name="sm", axis=1)]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+def test_keep_float_forms():
+    g = outlier_mlp({})
+    gemms = {op.name for op in g.ops if op.kind == "Gemm"}
+    assert mixed.resolve_keep_float(g, ["op:Gemm"]) == {"Gemm", "FusedGemm"} == mixed.resolve_keep_float(g, ["Gemm"])
+    assert mixed.resolve_keep_float(g, ["g3", "add1"]) == {"g3", "add1"}
+    assert mixed.resolve_keep_float(g, ["op:Gemm"], force_int8=["g2"]) == gemms - {"g2"}   # force wins over a type
+    with pytest.raises(UserError, match="names no op and no op type"):
+        mixed.resolve_keep_float(g, ["g33"])
+
+
+def test_force_int8_checks():
+    g = outlier_mlp({})
+    opts = QuantizeOptions(ranges={})
+    mixed.check_forced(g, opts, ["g2", "add1"])
+    with pytest.raises(UserError, match="names no op"):
+        mixed.check_forced(g, opts, ["nope"])
+    with pytest.raises(UserError, match="cannot be integer"):
+        mixed.check_forced(g, QuantizeOptions(keep_float=frozenset({"g1", "g2"})), ["add1"])   # no quantized operand
+
+
+def run(argv):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    return rc, err.getvalue().strip()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--force-int8", "sm"], "Softmax cannot be integer"),
+    (["--force-int8", "nosuch"], "names no op"),
+    (["--keep-float", "nosuch"], "names no op and no op type"),
+    (["--min-sqnr", "nan"], "finite"),
+    (["--max-accuracy-drop", "150"], "0..100"),
+    (["--max-accuracy-drop", "1"], "needs labelled evaluation data"),
+    (["--min-sqnr", "30", "--max-accuracy-drop", "1"], "both given"),
+    (["--sensitivity-samples", "0", "--sensitivity"], "must be positive"),
+])
+def test_bad_values_are_one_line_exit_2(tmp_path, flags, message):
+    m = tiny_onnx(tmp_path / "m.onnx")
+    rc, err = run([m, "--dtype", "int8", "--calib", "random", "-q", "-o", str(tmp_path / "out")] + flags)
+    assert rc == 2 and message in err and len(err.splitlines()) == 1 and err.startswith("qcompile: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_budget_flags_need_int8(tmp_path):
+    rc, err = run([tiny_onnx(tmp_path / "m.onnx"), "--min-sqnr", "30", "-o", str(tmp_path / "out")])
+    assert rc == 2 and "--dtype int8" in err
+
+
+def test_keep_float_type_force_int8_and_reasons(tmp_path):
+    """--keep-float op:Gemm --force-int8 g2: g1 float (--keep-float), g2 int8, Softmax float by the
+    default rule; the selection section of report.json says why each float layer is float."""
+    m = tiny_onnx(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "x.npy", rng.normal(0, 1, (48, 1, 16)).astype(np.float32).reshape(48, 16))
+    out = tmp_path / "out"
+    rc, err = run([m, "--dtype", "int8", "--calib", str(tmp_path / "x.npy"), "--calib-samples", "32",
+                   "--keep-float", "op:Gemm", "--force-int8", "g2", "--sensitivity", "-q", "-o", str(out)])
+    assert rc == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    prec = {r["name"]: r["precision"] for r in rep["layers"]}
+    assert prec["g1"] == "float" and prec["g2"] == "uint8" and prec["sm"] == "float"
+    why = rep["selection"]["float_layer_reasons"]
+    assert why == {"g1": "--keep-float", "sm": "default rule: Softmax stays float"}
+    assert [r["layer"] for r in rep["sensitivity"]["rows"]] == ["g2"]      # the only candidate left
