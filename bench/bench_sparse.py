@@ -12,7 +12,11 @@ unstructured sparsity 50/70/80/90 % in CSR (and BSR 4x1 at >= 80 %), and 2:4 in 
 Every variant is one graph compiled by qcompiler's own lowering (dense: the hand-scheduled dense
 kernels, AVX2/VNNI dot products for int8; sparse: ``graph.meta["sparsity"]`` names the format);
 latency = median over ``--rounds`` interleaved rounds (dense, then sparse) of the median of
-``--iters`` calls, batch as given, 2 threads. ratio = sparse / dense (< 1: sparse faster).
+``--iters`` calls, batch as given, ``--threads`` threads (2 by default; on a machine shared with
+other jobs 1 thread avoids a parallel region waiting a scheduler time slice for a preempted
+worker, which adds ~8 ms to a kernel with several parallel stages). ratio = sparse / dense (< 1:
+sparse faster). block4 = 1x4 blocks pruned (prune's ``block4`` pattern); on x86 with VNNI the
+int8 BSR 1x4 kernel runs on ``vpdpbusd`` (one instruction per block and 16 columns).
 
 Real layers (``--what models``): every non-depthwise conv/gemm of fashion_mobilenet and rapidocr-cls,
 its weight pruned (magnitude, ``--sparsity``, int8 weights from a per-channel quantization), as a
@@ -27,6 +31,8 @@ import os
 import sys
 from pathlib import Path
 
+if "--threads" in sys.argv:
+    os.environ["TVM_NUM_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -109,6 +115,8 @@ def bench_large(rounds, iters, batches, dtypes):
                 base = _weights(wshape, dtype)
                 variants = [(f"{int(s * 100)}%", "csr", s, "unstructured") for s in (0.5, 0.7, 0.8, 0.9)]
                 variants += [(f"{int(s * 100)}%", "bsr4x1", s, "unstructured") for s in (0.8, 0.9)]
+                variants += [(f"{int(s * 100)}%", "bsr1x4", s, "unstructured") for s in (0.8, 0.9)]
+                variants += [(f"block4 {int(s * 100)}%", "bsr1x4", s, "block4") for s in (0.8, 0.9)]
                 variants += [("2:4", "2:4", 0.5, "2:4")]
                 ws = [(prune(base, s, pattern, RNG), fmt) for _, fmt, s, pattern in variants]
                 t = time_variants(kind, dtype, batch, ws, rounds, iters, cv)
@@ -164,10 +172,8 @@ def bench_models(models, sparsity, rounds, iters):
     for model, name, op, w, xshape in real_layers(models):
         wq = _quantize_w(np.asarray(w, np.float32))
         if op.kind.endswith("Gemm"):
-            mat = gemm_matrix(wq, int(op.attrs.get("transB", 0)))
-            wq = np.ascontiguousarray(mat)
+            wq = np.ascontiguousarray(gemm_matrix(wq, int(op.attrs.get("transB", 0))))
             kind, conv, p = "gemm", None, 1
-            mats = wq[None]
         else:
             a = op.attrs
             group = int(a.get("group", 1) or 1)
@@ -175,7 +181,6 @@ def bench_models(models, sparsity, rounds, iters):
             kind = "conv"
             oshape = op.results[0].type.shape
             p = int(oshape[2] * oshape[3])
-            mats = None
         wq = prune(wq, sparsity, "unstructured", RNG)
         mats = wq[None] if kind == "gemm" else conv_matrices(wq, conv[3])
         shape = cost.LayerShape.of(mats, p)
@@ -213,6 +218,7 @@ def main():
     ap.add_argument("--dtypes", default="int8,fp32")
     ap.add_argument("--models", default="fashion,cls")
     ap.add_argument("--sparsity", type=float, default=0.8, help="unstructured sparsity of the real layers")
+    ap.add_argument("--threads", type=int, default=2, help="TVM_NUM_THREADS (1: robust timings on a loaded machine)")
     args = ap.parse_args()
     if args.what in ("all", "large"):
         bench_large(args.rounds, args.iters, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))

@@ -12,26 +12,34 @@ copy. A conv is a gemm on its im2col matrix (format.conv_matrices: ``W_j [O/g, C
     X[b, j·Kp + (c·kh + r)·kw + s, y·OW + x] = x[b, j·C/g + c, y·sh - pt + r·dh, x·sw - pl + s·dw]
     Y[b, n, p] = Σ_{e in row n} values[e] · X[b, group(n)·Kp + col(e), p]
 
-(``X[b] = x[b].reshape(C, H·W)`` for a 1x1 conv with unit strides and no padding: read in place
-when the input is stored plain NCHW; padding pixels hold 0, or the zero point for int8, exactly
-as in the dense kernels.) A gemm ``A (M x K) · W^T`` is the same with ``X[0] = A^T`` (P = M).
+(a 1x1 conv with unit strides and no padding needs no im2col: ``X[b] = x[b].reshape(C, H·W)``,
+read in place when the input is stored plain NCHW in X's dtype, else one re-layout copy; padding
+pixels hold 0, or the zero point for int8, exactly as in the dense kernels.) A gemm ``A (M x K) · W^T`` is the same with ``X[0] = A^T`` (P = M).
 
 Kernel (one ``te.extern`` stage between the X stage and the fused epilogue): on CPUs the loop nest
-is ``parallel for (b, n)`` → ``for`` tiles of ``T`` columns of P → ``for e in row n`` →
-``vectorized for t < T``: ``acc[t] += values[e] · X[k(e), p0 + t]``, i.e. the sparse row is
-broadcast against contiguous vectors of X (the batch or spatial axis), the accumulators of one
-tile stay in registers, and the row's indices are re-read per tile from L1. BSR 1x4 unrolls the 4
-columns of a block (one index per 4 MACs), BSR 4x1 keeps 4 rows of accumulators (one X vector
-load per 4 MACs), 2:4 decodes one index byte per 4 slots (no row pointers). With P == 1 (a
-batch-1 gemm, a GEMV) the row is instead split into ``V`` interleaved partial sums vectorized
-over the non-zeros (gathers of x), summed at the end. On CUDA one thread computes one (b, n, p)
-output (a warp reads consecutive p of the same X row, coalesced; the row's weights broadcast).
+is ``parallel for (b, P tile, row n)`` → ``for e in row n`` → ``vectorized for t < T``:
+``acc[t] += values[e] · X[k(e), p0 + t]``, i.e. the sparse row is broadcast against contiguous
+vectors of X (the batch or spatial axis; T = 4 vectors, 2 for BSR 4x1), the accumulators of one
+tile stay in registers, and the P tiles are outside the rows so that the threads reuse one tile of
+X (T x K) across all rows (rows outside tiles re-read all of X per row: measured 1.7x slower on
+the 56x56 conv). BSR 1x4 unrolls the 4 columns of a block (one index per 4 MACs), BSR 4x1 keeps
+4 rows of accumulators (one X vector load per 4 MACs), 2:4 decodes one index byte per 4 slots (no
+row pointers). With P == 1 (a batch-1 gemm, a GEMV) the row is instead split into ``V``
+interleaved partial sums vectorized over the non-zeros (gathers of x), summed at the end. On CUDA
+one thread computes one (b, n, p) output (a warp reads consecutive p of the same X row,
+coalesced; the row's weights broadcast). The x86 schedule of the X and epilogue stages is
+:func:`schedule` (parallel outer, vectorized inner; the im2col pixel loop split by the output
+width so that it reads contiguous input rows).
 
-Exactness: the int8 accumulator is ``Σ x·w`` over the stored integers (products formed in int16,
-|x·w| <= 255·128), the same integer as the dense kernels' (zeros contribute nothing; wrap-around
-in int32 is modular and the true sum fits), and the zero point is folded into the bias exactly as
+Exactness: the int8 accumulator is ``Σ x·w`` over the stored integers, the same integer as the
+dense kernels' (zeros contribute nothing), and the zero point is folded into the bias exactly as
 :func:`.quant.qgemm` / :func:`.quant.qconv2d` do, with the same ``requant_fn``: results are
-bit-exact. fp32 sums the same non-zero products in another order (error ~ K·eps·Σ|x·w|).
+bit-exact. Two ways to form that sum: while ``max|x| · max_n Σ_k |w[n, k]| < 2^24`` (checked at
+compile time, :func:`.conv.exact_f32_bound`) X is stored as float32 and the sum runs on float32
+FMAs (every partial sum is an integer below 2^24, so exact; 16 lanes per FMA instead of a
+widen-multiply-widen-add chain per 16 int16 products); past the bound, products are formed in
+int16 (|x·w| <= 255·128) and summed in int32 (wrap-around is modular and the true sum fits).
+fp32 sums the same non-zero products in another order (error ~ K·eps·Σ|x·w|).
 
 References: Saad, *Iterative Methods for Sparse Linear Systems* (2003), sec. 3.4 (CSR/BSR SpMV);
 Gale et al., "Sparse GPU Kernels for Deep Learning" (SC 2020) — row-wise SpMM with the dense
@@ -131,6 +139,9 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
     nb, p_len = shape or (int(X.shape[0]), int(X.shape[-1]))
     rows_per_group = n_rows // groups
     arrs = sfmt.arrays(enc)
+    vnni = X.dtype == I32
+    if vnni:                                   # BSR 1x4 on vpdpbusd: a block's 4 int8 weights = one word
+        arrs = dict(arrs, values=np.ascontiguousarray(arrs["values"]).reshape(-1).view(np.int32))
     if fmt == "2:4":
         params = [ctx.param(arrs["values"], "sp_values", keep_dtype=True), ctx.param(arrs["idx"], "sp_idx")]
     else:
@@ -139,6 +150,7 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
     rb = 4 if fmt == "bsr4x1" else 1
     nr = -(-n_rows // rb) * rb
     acc_dtype = I32 if integer and X.dtype != F32 else F32
+    lanes = getattr(qdot.isa_of(ctx), "lanes", 0) if vnni else 0
     spec = getattr(getattr(ctx, "low", None), "spec", None)
     family = getattr(spec, "family", "x86")
     vw = getattr(ctx, "vw", 8)
@@ -152,9 +164,10 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
     def body(ins, outs):
         xb, *wb = ins
         (yb,) = outs
-        k = _Kernel(fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp, rb, nr, nb, p_len)
+        k = _Kernel(fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp // 4 if vnni else kp,
+                    rb, nr, nb, p_len)
         stmts = []
-        for part in ([k.cuda] if family == "cuda" else k.cpu(vw)):
+        for part in ([k.cuda] if family == "cuda" else [lambda: k.cpu_vnni(lanes)] if vnni else k.cpu(vw)):
             with IRBuilder() as ib:
                 part()
             stmts.append(ib.get())
@@ -243,6 +256,35 @@ class _Kernel:
         for r in range(rb):
             with T.vectorized(0, size) as t:
                 T.buffer_store(self.yb, acc[r, t], [b, row0 + r, p0 + t])
+
+    def cpu_vnni(self, lanes: int):
+        """BSR 1x4 int8 on ``vpdpbusd``: X holds 4 consecutive k of one column p as one int32
+        word (uint8 bytes), a block's 4 weights are one int32 word broadcast to all lanes, and one
+        instruction adds the 4 products of each of ``lanes`` columns (Intel SDM, VPDPBUSD).
+        Tiles of 4 registers of columns (P is padded to a multiple of ``lanes``)."""
+        from ..intrin_x86 import _VNNI_LLVM
+        rp, ci, vals = self.wb
+        regs = _vnni_tile(self.p, lanes)[1]
+        tile = regs * lanes
+        ntiles = self.p // tile
+        vec, bytes_ = f"int32x{lanes}", f"int8x{4 * lanes}"
+        intrin = _VNNI_LLVM[lanes]
+        nblk = self.nr
+        with T.parallel(0, self.nb * ntiles * nblk) as q:
+            b, t, n = q // (ntiles * nblk), (q // nblk) % ntiles, q % nblk
+            acc = T.alloc_buffer((tile,), I32, scope="local")
+            with T.vectorized(0, tile) as i:
+                T.buffer_store(acc, self.zero(), [i])
+            with T.serial(rp[n], rp[n + 1]) as e:
+                w = tirx.reinterpret(bytes_, tirx.Broadcast(vals[e], lanes))
+                k4 = self.xrow(n, ci[e])
+                for r in range(regs):
+                    at = tirx.Ramp(r * lanes, 1, lanes)
+                    x = tirx.reinterpret(bytes_, self.xb.vload([b, k4, t * tile + r * lanes], vec))
+                    T.buffer_store(acc, tirx.call_llvm_pure_intrin(vec, intrin, acc.vload([r * lanes], vec), x, w),
+                                   [at])
+            with T.vectorized(0, tile) as i:
+                T.buffer_store(self.yb, acc[i], [b, n, t * tile + i])
 
     def cpu_gemv(self, vw: int):
         """P == 1: V interleaved partial sums over the row's non-zeros (vectorized gathers)."""
@@ -394,8 +436,15 @@ def qgemm(ctx, a, ins, outs, fmt: str):
     m, n = outs[0].shape
     kk = w.shape[1]
     kp = padded_k(fmt, kk)
-    xdt = _int_mode(A.dtype, w)
-    Y = spmm(ctx, _gemm_x(A, kk, kp, za, xdt), encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
+    isa = _vnni_isa(ctx, fmt, A.dtype)
+    if isa is not None:
+        za = qdot.effective_zp(isa, A.dtype, za)
+        fill = const(za, A.dtype) if A.dtype == "uint8" else const(za - 128, A.dtype)
+        X = _pack4(isa, lambda b, k, p: tirx.if_then_else(k < kk, A.at((p, tirx.min(k, kk - 1))), fill),
+                   1, kp, m, A.dtype)
+    else:
+        X = _gemm_x(A, kk, kp, za, _int_mode(A.dtype, w))
+    Y = spmm(ctx, X, encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
     ctx.schedule("sparse")
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
         - za * w.astype(np.int64).sum(axis=1)
@@ -404,22 +453,23 @@ def qgemm(ctx, a, ins, outs, fmt: str):
     return [Lazy((m, n), outs[0].dtype, lambda idx: rq(cast(Y[0, idx[1], idx[0]], I32) + fb(idx[1]), idx[1]))]
 
 
-def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str):
+def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str, vnni=None):
     """(X tensor, xread or None): the im2col matrix (nb, g·kp, OH·OW), or the input itself for a
-    1x1, unit-stride, unpadded, ungrouped conv stored plain NCHW."""
+    1x1, unit-stride, unpadded, ungrouped conv stored plain NCHW; with ``vnni`` (the DotIsa) the
+    im2col matrix packed for :meth:`_Kernel.cpu_vnni`."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w_shape
     g = c // cg
     (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
     oh, ow = out_shape[2:]
     kg = cg * kh * kw
-    if (kh, kw, sh, sw, g) == (1, 1, 1, 1, 1) and (oh, ow) == (h, wd) and kp == kg \
+    if vnni is None and (kh, kw, sh, sw, g) == (1, 1, 1, 1, 1) and (oh, ow) == (h, wd) and kp == kg \
             and isinstance(x, Buf) and not x.block and x.dtype == dtype:
         phys = x.phys_shape
         return x.tensor, lambda buf, b, k, p: buf[_flat_index(phys, (b * c + k) * (h * wd) + p)]
     f = const(fill, dtype)
 
-    def body(b, k, p):
+    def elem(b, k, p):
         j, kk = (k // kp, k % kp) if g > 1 else (0, k)
         ci, r, s = kk // (kh * kw), (kk // kw) % kh, kk % kw
         y, xx = p // ow, p % ow
@@ -430,7 +480,40 @@ def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str):
         ch = j * cg + tirx.min(ci, cg - 1)
         v = cast(x.at((b, ch, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, wd - 1), 0))), dtype)
         return tirx.if_then_else(tirx.all(*ok), v, f)
-    return compute((n, g * kp, oh * ow), body, name="xcol"), None
+    if vnni is not None:
+        return _pack4(vnni, elem, n, g * kp, oh * ow, x.dtype), None
+    return compute((n, g * kp, oh * ow), elem, name="xcol"), None
+
+
+def _pack4(isa, elem, nb: int, k: int, p: int, src_dtype: str) -> te.Tensor:
+    """X for :meth:`_Kernel.cpu_vnni`: (nb, k/4, P padded to the VNNI tile) int32 words whose
+    bytes are the 4 consecutive-k elements ``elem(b, k, p)`` as vpdpbusd's uint8 operand."""
+    ppad = _vnni_tile(p, isa.lanes)[0]
+
+    def body(b, k4, q):
+        pq = tirx.min(q, p - 1)
+        word = tirx.const(0, "uint32")
+        for c in range(4):
+            byte = cast(qdot._to_a(isa, elem(b, k4 * 4 + c, pq), src_dtype), "uint32")
+            word = tirx.bitwise_or(word, tirx.shift_left(byte, tirx.const(8 * c, "uint32")))
+        return tirx.reinterpret(I32, word)
+    return compute((nb, k // 4, ppad), body, name="xcol")
+
+
+def _vnni_tile(p: int, lanes: int) -> tuple[int, int]:
+    """(P padded to whole vectors, registers per tile: the largest r <= 4 dividing them)."""
+    ppad = -(-p // lanes) * lanes
+    regs = max(r for r in range(1, 5) if (ppad // lanes) % r == 0)
+    return ppad, regs
+
+
+def _vnni_isa(ctx, fmt: str, x_dtype: str):
+    """The x86 VNNI DotIsa when BSR 1x4 int8 runs on vpdpbusd, else None."""
+    isa = qdot.isa_of(ctx)
+    spec = getattr(getattr(ctx, "low", None), "spec", None)
+    ok = (fmt == "bsr1x4" and isa is not None and isa.kind == "vnni" and x_dtype in ("uint8", "int8")
+          and getattr(spec, "family", "") == "x86")
+    return isa if ok else None
 
 
 def _flat_index(phys, flat):
@@ -441,15 +524,15 @@ def _flat_index(phys, flat):
     return tuple(reversed(idx))
 
 
-def _conv_acc(ctx, a, x, w, outs, fmt, fill, dtype, integer):
+def _conv_acc(ctx, a, x, w, outs, fmt, fill, dtype, integer, vnni=None):
     o, cg = w.shape[:2]
     g = x.shape[1] // cg
     out_shape = outs[0].shape
     kp = padded_k(fmt, cg * w.shape[2] * w.shape[3])
-    X, xread = _conv_x(ctx, a, x, w.shape, out_shape, kp, fill, dtype, fmt)
+    X, xread = _conv_x(ctx, a, x, w.shape, out_shape, kp, fill, dtype, fmt, vnni)
     enc = encode_groups(sfmt.conv_matrices(w, g), fmt)
     Y = spmm(ctx, X, enc, groups=g, kp=kp, integer=integer, xread=xread,
-             shape=(x.shape[0], out_shape[2] * out_shape[3]))
+             shape=(x.shape[0], out_shape[2] * out_shape[3]) if xread else None)
     ow = out_shape[3]
     ctx.schedule("sparse", ow=ow)
     return Lazy(out_shape, I32 if integer else F32,
@@ -476,7 +559,12 @@ def qconv2d(ctx, a, ins, outs, fmt: str):
     zx = _zp(ctx, 0)
     bias = ctx.const_data(2)
     k = w.shape[0]
-    acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, _int_mode(x.dtype, w), True)
+    isa = _vnni_isa(ctx, fmt, x.dtype)
+    if isa is not None:                  # vpdpbusd reads uint8: int8 x is stored x ^ 0x80, z + 128
+        acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, x.dtype, True, vnni=isa)   # padding: x = z_x
+        zx = qdot.effective_zp(isa, x.dtype, zx)
+    else:
+        acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, _int_mode(x.dtype, w), True)
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
         - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
