@@ -204,6 +204,7 @@ def make_manifest(graph, spec: TargetSpec, lib: Path, cuda_info: dict | None,
         "target": {
             "family": spec.family,
             "dtype": spec.dtype,
+            **({"float_dtype": spec.float_dtype} if spec.float_dtype != "fp32" else {}),
             "cpu": host.get("mcpu"),
             "arch": list(spec.arch) if spec.family == "cuda" else [],
             "features": list(spec.features),

@@ -368,3 +368,39 @@ def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0) -> tuple
     (n0, n1), (t0, t1) = CONVERSION_SIZES, pts
     b = max((t1 - t0) / (n1 - n0), 0.0)
     return max(t0 - b * n0, 0.0), b
+
+
+# ---- the command line ------------------------------------------------------------------------------
+LAYER_COSTS_MODES = ("measure", "model", "off")
+
+
+def for_budget(graph: Graph, spec, keep_float: Iterable[str], mode: str = "measure",
+               log=lambda m: None) -> LayerCosts | None:
+    """The costs the budgeted selection uses (``qcompile --min-sqnr/--max-accuracy-drop``):
+    ``mode`` "measure" times the kernels on this host when it can run the target (else falls back
+    to the model, said in the log), "model" the analytic model, "off" none (accuracy only)."""
+    if mode == "off":
+        return None
+    measure = mode == "measure" and host_can_measure(spec)
+    if mode == "measure" and not measure:
+        log(f"layer costs: cannot time {spec.family} kernels on this host; using the analytic cost model")
+    log("layer costs: " + ("building the model all-int8 and all-float and timing every kernel"
+                           if measure else "analytic model (MACs and bytes per layer)"))
+    return measure_layer_costs(graph, spec, keep_float=keep_float, float_dtype=spec.float_dtype, measure=measure)
+
+
+def format_text(latency: dict) -> str:
+    """Lines for stdout after the build table: predicted latency, boundaries, and one warning line
+    per int8 layer that is slower than its float version."""
+    if not latency:
+        return ""
+    ms = {r["layer"]: r for r in latency["layers"]}
+    lines = [f"latency ({latency['method']}, {latency['target']}): {latency['latency_ms']:.3f} ms predicted "
+             f"with {latency['boundaries']} Q/DQ conversions (all int8 {latency['all_int8_latency_ms']:.3f} ms, "
+             f"all float {latency['float_latency_ms']:.3f} ms)"]
+    for n in latency["slower_than_float"]:
+        r = ms.get(n)
+        if r is not None:
+            lines.append(f"warning: int8 slower than float: {n}: int8 {r['int8_ms']:.4f} ms > float "
+                         f"{r['float_ms']:.4f} ms" + (" (kept float)" if r["precision"] == "float" else ""))
+    return "\n".join(lines) + "\n"
