@@ -165,7 +165,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
             unit = "dB"
         prior = ([r["layer"] for r in parts["sensitivity"]["rows"]] if "sensitivity" in parts else sens.prior())
         sel = select_float_layers(evaluate, cands, req.budget, cost=cost, shortlist=req.shortlist,
-                                  prior=prior, unit=unit)
+                                  prior=prior, unit=unit, groups=sens.groups())
         opts = replace(opts, keep_float=keep | frozenset(sel.float_layers))
         reasons.update(sel.reasons())
         js = sel.to_json()

@@ -12,6 +12,10 @@ trace), from ONE static ranking. We improve it in four ways:
    a heuristic otherwise) plus K/4 never measured ones in the order of ``prior`` (a cheap ranking,
    e.g. where the SQNR falls most in one all-int8 run; the first step takes K from it). That keeps
    the search about linear in the number of layers; ``shortlist=None`` measures every move;
+   ``groups`` add multi-layer moves: a layer with the layers that consume its output. Keeping one
+   layer float removes its weight error but not its output's quantization, which the next int8
+   layer still applies; only producer and consumers together remove that point. A step compares
+   moves by gain per new layer;
 3. **prune and exchange** once the budget holds: drop every float layer that is no longer needed
    (greedy's early picks can become redundant), then try replacing two float layers by one
    (a smaller set), repeating both until nothing changes;
@@ -124,7 +128,8 @@ class _Search:
 def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: float, *,
                         cost: Cost | None = None, shortlist: int | None = None, tie: float = TIE,
                         max_evaluations: int | None = None, unit: str = "dB",
-                        prior: list[str] | None = None) -> Selection:
+                        prior: list[str] | None = None, groups: Iterable[Iterable[str]] | None = None
+                        ) -> Selection:
     """The smallest (then cheapest) set of candidate layers to keep float so that
     ``evaluate(set) >= budget``; see the module docstring for the contract and the algorithm."""
     cands = list(dict.fromkeys(candidates))
@@ -142,6 +147,7 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
     def order_of(sets):
         return {s: sum(rank[c] for c in s) for s in sets}
 
+    groups = [frozenset(g) & set(cands) for g in (groups or [])]
     base = se.score(empty)
     S, added = empty, []
     priority: dict[str, float] = {}                  # last measured score of (then) S + {c}
@@ -151,11 +157,13 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
         moves = [S | {c} for c in pool]
         for c, m in zip(pool, moves):
             priority[c] = se.score(m)
-        nxt = se.best(moves, order_of(moves))
-        (c,) = nxt - S
+        inpool = set(pool)
+        moves += [S | g for g in groups if len(g - S) > 1 and (g - S) & inpool]
+        nxt = _greedy_move(se, S, list(dict.fromkeys(moves)), order_of(moves))
+        new = sorted(nxt - S, key=rank.get)
         S = nxt
-        added.append(c)
-        step("greedy", S, add=[c])
+        added += new
+        step("greedy", S, add=new)
     if se.meets(S):
         S = _shrink(se, S, cands, rank, priority, prior, shortlist, step)
     if cost is not None and se.meets(S):
@@ -168,6 +176,19 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
                      gains=gains, steps=steps, evaluations=len(se.scores),
                      cost=se.cost(S) if cost is not None else None,
                      baseline_cost=se.cost(empty) if cost is not None else None, unit=unit)
+
+
+def _greedy_move(se: _Search, S: frozenset, moves: list[frozenset], order: dict) -> frozenset:
+    """The next greedy move: of those meeting the budget the fewest new layers, then the cheapest;
+    else the highest gain per new layer, gains within ``tie`` of it by cost."""
+    reach = [m for m in moves if se.meets(m)]
+    if reach:
+        return min(reach, key=lambda m: (len(m), se.cost(m), -se.score(m), order.get(m, 0)))
+    cur = se.score(S)
+    rate = {m: (se.score(m) - cur) / len(m - S) if math.isfinite(cur) else se.score(m) for m in moves}
+    top = max(rate.values())
+    near = [m for m in moves if rate[m] >= top - se.tie]
+    return min(near, key=lambda m: (se.cost(m), -rate[m], len(m), order.get(m, 0)))
 
 
 def _pool(S: frozenset, cands, rank, priority, prior, shortlist) -> list[str]:

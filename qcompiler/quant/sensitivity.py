@@ -198,6 +198,31 @@ class Sensitivity:
         lab = np.concatenate(labels) if all(lb is not None for lb in labels) else None
         return output_scores(ref, got, lab, self.metric)
 
+    def groups(self) -> list[frozenset]:
+        """Per candidate layer: it with the candidate layers that read its output (through ops that
+        only carry their input's quantization, e.g. Flatten, MaxPool): keeping all of them float
+        removes that activation's quantization point, which keeping one of them cannot."""
+        from ..passes.quantize import KEEP_PARAMS
+        by_name = {op.name: op for op in self.graph.ops}
+        cands = set(self.candidates)
+        out = []
+        for name in self.candidates:
+            group, todo, seen = {name}, [by_name[name].result], set()
+            while todo:
+                v = todo.pop()
+                for use in v.uses:
+                    user = use[0]
+                    if user in seen:
+                        continue
+                    seen.add(user)
+                    if user.name in cands:
+                        group.add(user.name)
+                    elif user.kind in KEEP_PARAMS and user.results:
+                        todo.append(user.result)
+            if len(group) > 1:
+                out.append(frozenset(group))
+        return list(dict.fromkeys(out))
+
     def prior(self) -> list[str]:
         """The candidates ordered by the SQNR each loses across itself in ONE all-int8 run
         (SQNR of its quantized inputs minus that of its output, vs fp32; largest first): a cheap

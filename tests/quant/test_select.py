@@ -39,6 +39,7 @@ def minimal_size(table, budget):
 def test_greedy_prune_as_small_as_brute_force(severity, seed):
     sens = sensitivity(severity, seed)
     assert len(sens.candidates) == 8 and {"add1", "add2"} <= set(sens.candidates)   # from the plan
+    assert frozenset({"g1", "g2", "add1"}) in sens.groups()            # h1 feeds g2 and the residual add1
     table = exhaustive(sens)
     plain = table[frozenset()]
     finite = sorted({round(v, 6) for v in table.values() if math.isfinite(v)})
@@ -48,7 +49,7 @@ def test_greedy_prune_as_small_as_brute_force(severity, seed):
     for budget in budgets:
         for shortlist in (None, 3):
             sel = select_float_layers(lambda s: table[s], sens.candidates, budget, shortlist=shortlist,
-                                      prior=sens.prior())
+                                      prior=sens.prior(), groups=sens.groups() if shortlist else None)
             best = minimal_size(table, budget)
             assert sel.met and table[frozenset(sel.float_layers)] >= budget
             assert len(sel.float_layers) == best, (budget, sel.float_layers, brute_force(lambda s: table[s],
