@@ -98,6 +98,10 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--no-prune", action="append", default=[], metavar="NAME|KIND",
                     help="leave this layer (op name) or kind (Conv, Gemm, MatMul) dense (repeatable); "
                          "depthwise convs are never pruned")
+    sp.add_argument("--sparse-objective", default="time", choices=("time", "size"),
+                    help="per conv/gemm weight, the encoding the artifact stores and its kernel: 'time' "
+                         "(default) the fastest by the cost model (dense unless sparse is predicted faster), "
+                         "'size' the fewest bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true",
                    help="print the build report (OUT/report.json, plus the artifact path) as JSON on stdout "
                         "instead of the table")
+    c.add_argument("--float-dtype", default="fp32", choices=("fp32", "fp16"),
+                   help="with --dtype int8: storage of the layers kept float (fp16: activations and "
+                        "weights stored in fp16, arithmetic in fp32; default fp32)")
+    c.add_argument("--layer-costs", default="measure", choices=("measure", "model", "off"),
+                   help="with a budget (--min-sqnr/--max-accuracy-drop): per-layer int8/float latency for "
+                        "choosing among sets that meet it: 'measure' times every kernel on this host (x86; "
+                        "else the model), 'model' an analytic MAC/byte model, 'off' accuracy only")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
 
@@ -289,8 +300,15 @@ def run_pipeline(graph, args, log, evaluation=None):
         at = pipeline.index("quantize")
         pre = PassManager(pipeline[:at], print_ir_after=args.print_ir_after, out=sys.stdout, ctx=ctx)
         pre.run(graph)
+        costs = None
+        if req.budget is not None and getattr(args, "layer_costs", "off") != "off":
+            from .quant import layer_cost
+            keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
+            costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, _target_spec(args), keep,
+                                                                    args.layer_costs, log)
         ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
-                                                                eval_data=evaluation, log=log)
+                                                                eval_data=evaluation, log=log,
+                                                                cost=costs.latency if costs else None)
         pm.pipeline, pm.timings = pipeline[at:], list(pre.timings)
     pm.run(graph)
     return pm
@@ -379,12 +397,24 @@ def cmd_compile(args, log) -> int:
         return _cmd_compile(args, log)
 
 
-def _cmd_compile(args, log) -> int:
+def _target_spec(args):
+    """The TargetSpec of compile's flags (x86 host defaults for inspect/convert)."""
     from .codegen.target import TargetSpec
-    check_model_path(args.model)
-    spec = TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
+    if getattr(args, "target", None) is None:
+        return TargetSpec("x86", dtype="int8")
+    return TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
-                      features=tuple(f.strip() for f in args.features.split(",") if f.strip()))
+                      features=tuple(f.strip() for f in args.features.split(",") if f.strip()),
+                      float_dtype=args.float_dtype)
+
+
+def _cmd_compile(args, log) -> int:
+    check_model_path(args.model)
+    if args.float_dtype != "fp32" and args.dtype != "int8":
+        raise UserError(f"--float-dtype {args.float_dtype} sets the float layers of an int8 build, but --dtype "
+                        f"is {args.dtype}", "--float-dtype",
+                        "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
+    spec = _target_spec(args)
     check_output_path(args.output, is_dir=True)
     if args.export_qdq:
         if spec.dtype != "int8":
@@ -437,6 +467,9 @@ def _cmd_compile(args, log) -> int:
         rep.update(data)
         from .quant import mixed
         rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
+        if pm.ctx.data.get("layer_costs") is not None:            # per-layer ms, boundaries, slower-than-float
+            chosen = (pm.ctx.data.get("mixed") or {}).get("selection", {}).get("float_layers", [])
+            rep["latency"] = pm.ctx.data["layer_costs"].to_json(frozenset(chosen))
     else:
         rep = {"format_version": report.FORMAT_VERSION, **data, "layers": report_html.float_layers(g),
                "size": {"params_fp32_bytes": g.param_count()[1]}}
@@ -454,7 +487,8 @@ def _cmd_compile(args, log) -> int:
         from .sparse import report as sparse_report
         rep["sparsity"] = sparse_report.sparsity_section(
             g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
-            pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
+            pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation,
+            objective=getattr(args, "sparse_objective", "time"))
     eq = g.meta.get("equalize")
     extra[report.REPORT] = lambda m: report.to_json(full_report(m))
     extra[report_html.HTML_NAME] = lambda m: report_html.render(
@@ -468,6 +502,8 @@ def _cmd_compile(args, log) -> int:
         print(report.format_table(done["report"]), end="")
         from .quant import mixed
         print(mixed.format_text(done["report"]), end="")
+        from .quant.layer_cost import format_text as latency_text
+        print(latency_text(done["report"].get("latency")), end="")
         if "sparsity" in done["report"]:
             print("\n".join(sparse_report.format_lines(done["report"]["sparsity"])))
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")

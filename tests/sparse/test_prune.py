@@ -169,3 +169,24 @@ def test_bad_options():
         PruneOptions(sparsity=0.5, pattern="3:2")
     with pytest.raises(ValueError, match=r"in \[0, 1\)"):
         PruneOptions(sparsity=1.0)
+
+
+def test_encode_sparse_records_choice():
+    """encode-sparse: per layer the format for the objective, the exact sizes, M from the result shape."""
+    from qcompiler.passes.encode_sparse import EncodeSparseOptions
+    from qcompiler.sparse.format import encode, stored_bytes
+    g = small_net()
+    prune(g, sparsity=0.9)
+    for objective in ("time", "size"):
+        ctx = PassContext(options={"encode-sparse": EncodeSparseOptions(objective=objective)})
+        PassManager(["encode-sparse"], ctx=ctx).run(g)
+        rec = g.meta["sparsity"]["layers"]
+        conv = rec["conv1"]["encoding"]
+        assert conv["m"] == 2 * 6 * 6 and rec["fc"]["encoding"]["m"] == 2 and rec["head"]["encoding"]["m"] == 2
+        assert conv["bits"] == 32
+        w = mats(g, "conv1")[0]
+        assert conv["size"]["csr"] == stored_bytes(encode(w, "csr")) and conv["dense_bytes"] == w.nbytes
+        assert conv["format"] == conv["format_" + objective] != "dense"          # 90 % sparse fp32: sparse wins
+        assert rec["dw"]["encoding"]["format"] == "dense"                        # unpruned depthwise stays dense
+    with pytest.raises(ValueError, match="objective"):
+        EncodeSparseOptions(objective="speed")

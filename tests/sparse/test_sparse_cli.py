@@ -26,6 +26,7 @@ BAD = {
     "global alone": (["--sparsity-global"], "--sparsity-global needs --sparsity"),
     "no-prune alone": (["--no-prune", "Conv"], "--no-prune needs --sparsity"),
     "no-prune unknown": (["--sparsity", "0.5", "--no-prune", "/nope/Conv"], "names no conv/gemm layer"),
+    "objective": (["--sparse-objective", "fast"], "invalid choice"),
 }
 
 
@@ -60,7 +61,8 @@ def test_prune_50_int8_fashion_accuracy_reported(tmp_path, capsys):
     assert all(r["format_time"] in ("dense", "csr", "bsr1x4", "bsr4x1") for r in sec["layers"])
     assert sec["weights_encoded_bytes"] <= sec["weights_dense_bytes"]
     lib = sec["library"]
-    assert lib["sparse_encoded_bytes_estimated"] == lib["bytes"] - sec["weights_dense_bytes"] + sec["weights_encoded_bytes"]
+    assert lib["sparse_encoded_bytes_estimated"] == lib["bytes"] - sec["weights_stored_bytes"] + sec["weights_encoded_bytes"]
+    assert all(r["format"] == r["format_time"] for r in sec["layers"])        # the default objective: time
     assert 0 < lib["text_bytes"] < lib["bytes"] and 0 < lib["library_bin_bytes"] < lib["bytes"]
     acc_dense = sec["pruning_effect"]["accuracy"]["fp32_dense"]
     acc_pruned = sec["pruning_effect"]["accuracy"]["fp32_pruned"]
@@ -74,9 +76,13 @@ def test_prune_50_int8_fashion_accuracy_reported(tmp_path, capsys):
 
 
 def test_24_int8_fashion_sizes(tmp_path, capsys):
-    rep = compile_json(capsys, tmp_path, "--sparsity-pattern", "2:4", "--eval-samples", "0")
+    """2:4 with --sparse-objective size: the artifact stores (and runs) every pruned weight as 2:4."""
+    rep = compile_json(capsys, tmp_path, "--sparsity-pattern", "2:4", "--sparse-objective", "size",
+                       "--eval-samples", "0")
     sec = rep["sparsity"]
-    assert sec["target"] == 0.5 and sec["pattern"] == "2:4"
+    assert sec["target"] == 0.5 and sec["pattern"] == "2:4" and sec["objective"] == "size"
+    assert all(r["format"] == r["format_size"] for r in sec["layers"])
+    assert sec["weights_stored_bytes"] == sec["weights_encoded_bytes"] == sum(r["stored_bytes"] for r in sec["layers"])
     pruned = [r for r in sec["layers"] if r["pruned"]]
     assert pruned and all(r["nm_2_4"] for r in pruned)
     # int8 2:4: half the values plus 2 bits per kept value = 0.625 of dense (K padded to 4 on the first conv)
