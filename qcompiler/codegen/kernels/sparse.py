@@ -13,8 +13,8 @@ copy. A conv is a gemm on its im2col matrix (format.conv_matrices: ``W_j [O/g, C
     Y[b, n, p] = Σ_{e in row n} values[e] · X[b, group(n)·Kp + col(e), p]
 
 (a 1x1 conv with unit strides and no padding needs no im2col: ``X[b] = x[b].reshape(C, H·W)``,
-read in place when the input is stored plain NCHW in X's dtype, else one re-layout copy; padding
-pixels hold 0, or the zero point for int8, exactly as in the dense kernels.) A gemm ``A (M x K) · W^T`` is the same with ``X[0] = A^T`` (P = M).
+re-laid out in column tiles like any X; padding pixels hold 0, or the zero point for int8, exactly
+as in the dense kernels.) A gemm ``A (M x K) · W^T`` is the same with ``X[0] = A^T`` (P = M).
 
 Kernel (one ``te.extern`` stage between the X stage and the fused epilogue): on CPUs the loop nest
 is ``parallel for (b, P tile, row n)`` → ``for e in row n`` → ``vectorized for t < T``:
@@ -24,7 +24,10 @@ tile stay in registers, and the P tiles are outside the rows so that the threads
 X (T x K) across all rows (rows outside tiles re-read all of X per row: measured 1.7x slower on
 the 56x56 conv). BSR 1x4 unrolls the 4 columns of a block (one index per 4 MACs), BSR 4x1 keeps
 4 rows of accumulators (one X vector load per 4 MACs), 2:4 decodes one index byte per 4 slots (no
-row pointers). With P == 1 (a batch-1 gemm, a GEMV) the row is instead split into ``V``
+row pointers). int8 BSR 1x4 on x86 with VNNI runs on ``vpdpbusd`` instead (:meth:`_Kernel.cpu_vnni`:
+X packed with 4 consecutive k of a column in one uint8x4 word, a block's 4 weights one broadcast
+word, 16 columns x 4 MACs per instruction, the dense qdot kernels' instruction; int8 activations
+stored x ^ 0x80 with zero point z + 128, as in :mod:`.qdot`). With P == 1 (a batch-1 gemm, a GEMV) the row is instead split into ``V``
 interleaved partial sums vectorized over the non-zeros (gathers of x), summed at the end. On CUDA
 one thread computes one (b, n, p) output (a warp reads consecutive p of the same X row,
 coalesced; the row's weights broadcast). The x86 schedule of the X and epilogue stages is
@@ -126,17 +129,20 @@ def padded_k(fmt: str, k: int) -> int:
 
 
 # ---- the accumulation kernel --------------------------------------------------------------------
-def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=None, shape=None,
-         name="sparse") -> te.Tensor:
+def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, name="sparse") -> te.Tensor:
     """``Y[b, n, p] = Σ_k W[n, k] X[b, group(n)·kp + k, p]`` as a ``te.extern`` stage.
 
-    ``X`` is (nb, groups·kp, P) unless ``xread(buf, b, k, p)`` maps indices to its buffer (in-place
-    reads; ``shape`` then gives (nb, P)). Returns Y (nb, Nr, P): int32 for integer X, float32 for a
-    float32 X (also with int8 weights: the exact-float32 integer mode); Nr = N rounded up to the
-    4-row blocks for BSR 4x1 (rows >= N hold zeros)."""
+    ``X`` is (nb, P/T, groups·kp, T) (tiles of T columns, :func:`_packed`), or (nb, groups·kp/4,
+    P) int32 words of 4 uint8 for the VNNI BSR 1x4 kernel. Returns Y (nb, Nr, P padded to whole
+    tiles): int32 for integer X, float32 for a float32 X (also with int8 weights: the
+    exact-float32 integer mode); Nr = N rounded up to the 4-row blocks for BSR 4x1 (rows >= N
+    hold zeros).
+    """
     fmt = enc.fmt
     n_rows, _ = enc.shape
-    nb, p_len = shape or (int(X.shape[0]), int(X.shape[-1]))
+    packed = len(X.shape) == 4                 # (nb, P/T, rows, T): tiles of T columns, contiguous
+    nb = int(X.shape[0])
+    p_len = int(X.shape[1]) * int(X.shape[3]) if packed else int(X.shape[-1])
     rows_per_group = n_rows // groups
     arrs = sfmt.arrays(enc)
     vnni = X.dtype == I32
@@ -154,7 +160,8 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
     spec = getattr(getattr(ctx, "low", None), "spec", None)
     family = getattr(spec, "family", "x86")
     vw = getattr(ctx, "vw", 8)
-    read = xread or (lambda buf, b, k, p: buf[b, k, p])
+    ptile = int(X.shape[3]) if packed else 0
+    read = (lambda buf, b, k, p: buf[b, p // ptile, k, p % ptile]) if packed else (lambda buf, b, k, p: buf[b, k, p])
 
     def mac(acc, w, x):
         if acc_dtype == I32:
@@ -166,6 +173,7 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, xread=N
         (yb,) = outs
         k = _Kernel(fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp // 4 if vnni else kp,
                     rb, nr, nb, p_len)
+        k.ptile = ptile
         stmts = []
         for part in ([k.cuda] if family == "cuda" else [lambda: k.cpu_vnni(lanes)] if vnni else k.cpu(vw)):
             with IRBuilder() as ib:
@@ -181,6 +189,7 @@ class _Kernel:
 
     def __init__(self, fmt, wb, xb, yb, read, mac, acc_dtype, groups, rows_per_group, kp, rb, nr, nb, p_len):
         self.groups = groups
+        self.ptile = 0
         self.fmt, self.wb, self.xb, self.yb = fmt, wb, xb, yb
         self.read, self.mac, self.dt = read, mac, acc_dtype
         self.rpg, self.kp, self.rb, self.nr, self.nb, self.p = rows_per_group, kp, rb, nr, nb, p_len
@@ -229,18 +238,21 @@ class _Kernel:
         nblk = self.nr // self.rb
         if self.p == 1 and self.rb == 1:
             return [lambda: self.cpu_gemv(vw)]
-        tile = min(self.p, 4 * vw if self.rb == 1 else 2 * vw)
+        if self.ptile:
+            tile = self.ptile
+        else:
+            tile = min(self.p, 4 * vw if self.rb == 1 else 2 * vw)
         nfull, tail = divmod(self.p, tile)
 
         def nest(size, count, base):
             # P tiles outside, rows inside: the threads share one tile of X (tile x K) across rows
             with T.parallel(0, self.nb * count * nblk) as q:
                 b, t, nbk = q // (count * nblk), (q // nblk) % count, q % nblk
-                self._tile(b, nbk, base + t * size, size)
+                self._tile(b, nbk, base + t * size, size, t if self.ptile else None)
         return [lambda size=size, count=count, base=base: nest(size, count, base)
                 for size, count, base in ((tile, nfull, 0), (tail, 1, nfull * tile)) if size and count]
 
-    def _tile(self, b, nbk, p0, size):
+    def _tile(self, b, nbk, p0, size, t_packed=None):
         rb = self.rb
         acc = T.alloc_buffer((rb, size), self.dt, scope="local")
         for r in range(rb):
@@ -250,8 +262,9 @@ class _Kernel:
 
         def each(r, w, k):
             with T.vectorized(0, size) as t:
-                T.buffer_store(acc, self.mac(acc[r, t], w, self.read(self.xb, b, self.xrow(row0 + r, k), p0 + t)),
-                               [r, t])
+                xv = (self.xb[b, t_packed, self.xrow(row0 + r, k), t] if t_packed is not None
+                      else self.read(self.xb, b, self.xrow(row0 + r, k), p0 + t))
+                T.buffer_store(acc, self.mac(acc[r, t], w, xv), [r, t])
         self.row_terms(nbk, each)
         for r in range(rb):
             with T.vectorized(0, size) as t:
@@ -357,13 +370,34 @@ def _int_mode(x_dtype: str, w: np.ndarray) -> str:
     return F32 if exact_f32_bound(x_dtype, w) < F32_EXACT else x_dtype
 
 
-def _gemm_x(A, k: int, kp: int, fill, dtype: str) -> te.Tensor:
-    """X (1, kp, M) = A^T, rows k >= K holding ``fill``."""
+def column_tile(ctx, p: int, fmt: str) -> int:
+    """T, the columns of one tile of X (and of the kernel's register accumulators): 4 vectors
+    (2 for BSR 4x1's 4 rows), fewer when P is small; 1 for a GEMV."""
+    if p == 1:
+        return 1
+    spec = getattr(getattr(ctx, "low", None), "spec", None)
+    vw = 8 if getattr(spec, "family", "") == "cuda" else getattr(ctx, "vw", 8)
+    return min((2 if fmt == "bsr4x1" else 4) * vw, -(-p // vw) * vw)
+
+
+def _packed(nb: int, rows: int, p: int, tile: int, elem) -> te.Tensor:
+    """X as (nb, ceil(P/T), rows, T): the T columns of a tile contiguous for every row (the kernel
+    reads a row's tile with unit stride, the whole tile x rows block is contiguous: measured 1.5x
+    faster than (nb, rows, P) on the 56x56 conv). Columns >= P repeat column P-1."""
+    return compute((nb, -(-p // tile), rows, tile),
+                   lambda b, t, k, i: elem(b, k, tirx.min(t * tile + i, p - 1)), name="xcol")
+
+
+def _gemm_x(ctx, A, k: int, kp: int, fill, dtype: str, fmt: str) -> te.Tensor:
+    """X = A^T packed in tiles, rows k >= K holding ``fill``."""
     m = A.shape[0]
     f = const(fill, dtype)
-    return compute((1, kp, m), lambda b, kk, i: tirx.if_then_else(
-        kk < k, cast(A.at((i, tirx.min(kk, k - 1))), dtype), f) if kp != k else cast(A.at((i, kk)), dtype),
-        name="xcol")
+
+    def elem(b, kk, i):
+        if kp == k:
+            return cast(A.at((i, kk)), dtype)
+        return tirx.if_then_else(kk < k, cast(A.at((i, tirx.min(kk, k - 1))), dtype), f)
+    return _packed(1, kp, m, column_tile(ctx, m, fmt), elem)
 
 
 def _gemm_operands(ctx, a, ins):
@@ -397,7 +431,7 @@ def gemm(ctx, a, ins, outs, fmt: str):
     kk = w.shape[1]
     kp = padded_k(fmt, kk)
     enc = encode_groups(w[None].astype(np.float32), fmt)
-    Y = spmm(ctx, _gemm_x(A, kk, kp, 0.0, F32), enc, groups=1, kp=kp, integer=False)
+    Y = spmm(ctx, _gemm_x(ctx, A, kk, kp, 0.0, F32, fmt), enc, groups=1, kp=kp, integer=False)
     ctx.schedule("sparse")
     out_shape = outs[0].shape
     lead = out_shape[:-1]
@@ -443,7 +477,7 @@ def qgemm(ctx, a, ins, outs, fmt: str):
         X = _pack4(isa, lambda b, k, p: tirx.if_then_else(k < kk, A.at((p, tirx.min(k, kk - 1))), fill),
                    1, kp, m, A.dtype)
     else:
-        X = _gemm_x(A, kk, kp, za, _int_mode(A.dtype, w))
+        X = _gemm_x(ctx, A, kk, kp, za, _int_mode(A.dtype, w), fmt)
     Y = spmm(ctx, X, encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
     ctx.schedule("sparse")
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
@@ -453,20 +487,16 @@ def qgemm(ctx, a, ins, outs, fmt: str):
     return [Lazy((m, n), outs[0].dtype, lambda idx: rq(cast(Y[0, idx[1], idx[0]], I32) + fb(idx[1]), idx[1]))]
 
 
-def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str, vnni=None):
-    """(X tensor, xread or None): the im2col matrix (nb, g·kp, OH·OW), or the input itself for a
-    1x1, unit-stride, unpadded, ungrouped conv stored plain NCHW; with ``vnni`` (the DotIsa) the
-    im2col matrix packed for :meth:`_Kernel.cpu_vnni`."""
+def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str, vnni=None) -> te.Tensor:
+    """The im2col matrix, packed in tiles (:func:`_packed`), or with ``vnni`` (the DotIsa) packed 4
+    k per word for :meth:`_Kernel.cpu_vnni`. A 1x1 unit-stride unpadded conv has no k x k
+    expansion: its X is the input re-laid out."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w_shape
     g = c // cg
     (sh, sw), (dh, dw), (pt, pl, _, _) = _attrs2d(a)
     oh, ow = out_shape[2:]
     kg = cg * kh * kw
-    if vnni is None and (kh, kw, sh, sw, g) == (1, 1, 1, 1, 1) and (oh, ow) == (h, wd) and kp == kg \
-            and isinstance(x, Buf) and not x.block and x.dtype == dtype:
-        phys = x.phys_shape
-        return x.tensor, lambda buf, b, k, p: buf[_flat_index(phys, (b * c + k) * (h * wd) + p)]
     f = const(fill, dtype)
 
     def elem(b, k, p):
@@ -474,15 +504,15 @@ def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str, 
         ci, r, s = kk // (kh * kw), (kk // kw) % kh, kk % kw
         y, xx = p // ow, p % ow
         iy, ix = y * sh - pt + r * dh, xx * sw - pl + s * dw
-        ok = [iy >= 0, iy < h, ix >= 0, ix < wd]
+        ok = [iy >= 0, iy < h, ix >= 0, ix < wd] if (pt or pl or kh > 1 or kw > 1) else []
         if kp != kg:
             ok.append(kk < kg)
         ch = j * cg + tirx.min(ci, cg - 1)
         v = cast(x.at((b, ch, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, wd - 1), 0))), dtype)
-        return tirx.if_then_else(tirx.all(*ok), v, f)
+        return tirx.if_then_else(tirx.all(*ok), v, f) if ok else v
     if vnni is not None:
-        return _pack4(vnni, elem, n, g * kp, oh * ow, x.dtype), None
-    return compute((n, g * kp, oh * ow), elem, name="xcol"), None
+        return _pack4(vnni, elem, n, g * kp, oh * ow, x.dtype)
+    return _packed(n, g * kp, oh * ow, column_tile(ctx, oh * ow, fmt), elem)
 
 
 def _pack4(isa, elem, nb: int, k: int, p: int, src_dtype: str) -> te.Tensor:
@@ -516,25 +546,16 @@ def _vnni_isa(ctx, fmt: str, x_dtype: str):
     return isa if ok else None
 
 
-def _flat_index(phys, flat):
-    idx = []
-    for d in reversed(phys):
-        idx.append(flat % d)
-        flat = flat // d
-    return tuple(reversed(idx))
-
-
 def _conv_acc(ctx, a, x, w, outs, fmt, fill, dtype, integer, vnni=None):
     o, cg = w.shape[:2]
     g = x.shape[1] // cg
     out_shape = outs[0].shape
     kp = padded_k(fmt, cg * w.shape[2] * w.shape[3])
-    X, xread = _conv_x(ctx, a, x, w.shape, out_shape, kp, fill, dtype, fmt, vnni)
+    X = _conv_x(ctx, a, x, w.shape, out_shape, kp, fill, dtype, fmt, vnni)
     enc = encode_groups(sfmt.conv_matrices(w, g), fmt)
-    Y = spmm(ctx, X, enc, groups=g, kp=kp, integer=integer, xread=xread,
-             shape=(x.shape[0], out_shape[2] * out_shape[3]) if xread else None)
+    Y = spmm(ctx, X, enc, groups=g, kp=kp, integer=integer)
     ow = out_shape[3]
-    ctx.schedule("sparse", ow=ow)
+    ctx.schedule("sparse")
     return Lazy(out_shape, I32 if integer else F32,
                 lambda idx: cast(Y[idx[0], idx[1], idx[2] * ow + idx[3]], I32 if integer else F32))
 
@@ -588,12 +609,10 @@ def build(ctx, fmt: str, a, ins, outs):
 
 
 # ---- schedule ---------------------------------------------------------------------------------------
-def schedule(func, family: str, vw: int, ow: int = 0):
+def schedule(func, family: str, vw: int):
     """The sparse stage is scheduled by construction (its loops are written above); the X stage
     and the epilogue ("xcol", "out") get a parallel outer / vectorized inner loop nest on CPUs,
-    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads.
-    ``ow``: the conv's output width; the im2col stage's pixel loop is split into (rows, ``ow``)
-    so that its inner loop reads contiguous input pixels."""
+    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads."""
     from tvm import s_tir
     from ..schedules import x86 as sched_x86
     sch = s_tir.Schedule(func)
@@ -609,12 +628,5 @@ def schedule(func, family: str, vw: int, ow: int = 0):
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
         else:
-            loops = sch.get_loops(blk)
-            if name == "xcol" and ow and len(loops) == 3 and sched_x86._extent(sch, loops[2]) % ow == 0:
-                b, k, p = loops
-                oy, ox = sch.split(p, [None, ow])
-                sch.parallel(sch.fuse(b, k, oy))
-                sch.vectorize(ox)
-            else:
-                sched_x86._spatial_nest(sch, blk, vw)
+            sched_x86._spatial_nest(sch, blk, vw)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
