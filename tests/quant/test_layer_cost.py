@@ -166,3 +166,51 @@ def test_kernel_time_is_conserved(fashion):
     assert sum(att.values()) + conv_share == pytest.approx(sum(ms for _, ms in ks), rel=1e-9)
     assert set(att) <= names and all(any(o.name in names or o.kind in CONVERSIONS for o in ops) for ops, _ in ks)
     print(f"\nint8 build: {len(ks)} kernels, {sum(ms for _, ms in ks):.3f} ms, of which conversions {conv_share:.3f} ms")
+
+
+# ---- the command line -------------------------------------------------------------------------------
+def _cli(capsys, *argv):
+    from qcompiler.cli import main
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_float_dtype_needs_int8(capsys, tmp_path):
+    model = str(pytest.importorskip("realmodels").MODELS_DIR / "mnistnet.onnx")
+    code, out, err = _cli(capsys, "compile", model, "--dtype", "fp32", "--float-dtype", "fp16", "-o",
+                          str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1 and "--float-dtype" in err and "--dtype int8" in err
+    code, out, err = _cli(capsys, "compile", model, "--dtype", "int8", "--layer-costs", "fast", "-o",
+                          str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1 and "--layer-costs" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_budget_reports_latency(capsys, tmp_path):
+    """--min-sqnr above plain int8 on mnistnet with the analytic model (fast): report.json carries
+    per-layer int8/float ms, the boundaries of the chosen set, and the predicted latency; the same
+    numbers LayerCosts gives for the chosen set; --float-dtype fp16 recorded in the manifest."""
+    import json
+    import realmodels as rm
+    path = rm.MODELS_DIR / "mnistnet.onnx"
+    digits = rm.mnist_inputs(48)
+    if not path.exists() or digits is None:
+        pytest.skip("mnistnet or the MNIST digits are not present")
+    data = tmp_path / "x.npy"
+    np.save(data, digits[0].astype(np.float32))
+    out = tmp_path / "OUT"
+    code, text, err = _cli(capsys, "compile", str(path), "--dtype", "int8", "--calib", str(data),
+                           "--calib-samples", "32", "--eval-samples", "16", "--sensitivity-samples", "16",
+                           "--min-sqnr", "45", "--layer-costs", "model", "--float-dtype", "fp16", "-o", str(out))
+    assert code == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    lat, sel = rep["latency"], rep["selection"]
+    assert lat["method"] == "analytic" and lat["float_dtype"] == "fp16"
+    assert {r["layer"] for r in lat["layers"]} >= set(sel["float_layers"])
+    assert all(r["int8_ms"] > 0 and r["float_ms"] > 0 for r in lat["layers"] if r["layer"] in sel["float_layers"])
+    assert {r["layer"] for r in lat["layers"] if r["precision"] == "float"} >= set(sel["float_layers"])
+    assert lat["boundaries"] >= 2 and "latency (analytic, x86)" in text
+    assert sel["cost_ms"] == pytest.approx(lat["latency_ms"], rel=1e-3)
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    assert target["float_dtype"] == "fp16"
