@@ -45,6 +45,9 @@ stored value, chained or each kernel on given operands, for ``qcompile verify``.
 Precision: with ``spec.dtype == "fp16"`` every float activation and weight is stored as float16;
 all arithmetic (conv/gemm accumulation, softmax, reductions, normalization, activations) is done
 in float32, each kernel casting on load and store; model inputs and outputs stay float32.
+An int8 build with ``spec.float_dtype == "fp16"`` (``--float-dtype fp16``) stores its float
+layers' activations and weights the same way (DequantizeLinear writes fp16, QuantizeLinear reads
+it) and leaves the integer kernels as they are (tests/quant/test_mixed_precision.py).
 Measured (x86, after the default passes, vs ONNX Runtime fp32, max error / max|ref|): fashion_mobilenet
 4-8e-4, mnistnet 2-3e-4, uspsnet/svhnnet 3-4e-4 (same top-1 on real digits/Fashion-MNIST),
 rapidocr-cls 8e-5, rapidocr-rec 2.0e-2, rapidocr-det 6.6e-2 (320x320 synthetic page): the last two
