@@ -10,9 +10,9 @@ a sparse kernel), the formats best for time and for size, the dense, stored and 
 
 Pruning's own effect (with ``--sparsity`` and evaluation data): the unpruned and the pruned fp32
 graph (``ctx.data["prune.dense_graph"]`` and the graph the quantize pass started from) run on the
-held-back data through :func:`qcompiler.quant.report.evaluate`: per pruned layer the SQNR of its
-output (the error pruning accumulated up to it; None for a fused residual conv, which the quantize
-pass splits and renames), output SQNR, top-1 agreement and, with labels, the top-1 accuracy of both
+held-back data through :func:`qcompiler.quant.report.evaluate`: per layer the SQNR of its
+output (the error pruning accumulated up to it; after the residual add for a fused residual conv),
+output SQNR, top-1 agreement and, with labels, the top-1 accuracy of both
 (the int8 accuracy is in the report's ``evaluation``).
 
 Sizes, measured: the library's ELF sections (``.text`` = kernel code, ``.rodata`` holding TVM's
@@ -98,8 +98,12 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
            "weights_ratio": _round(enc_total / max(dense_total, 1)),
            **{k: v for k, v in summarize(rec).items() if k in ("params", "zeros", "sparsity", "pruned_sparsity")}}
     if dense_fp32 is not None and pruned_fp32 is not None and data is not None and data.take > 0:
-        pruned = {r["name"] for r in rows if r["pruned"]}
-        names = {op.result.name: op.name for op in pruned_fp32.ops if op.name in pruned and op.results}
+        pruned = {r["name"] for r in rows}            # every layer: the error accumulated up to it
+        # the layer's result in the unpruned graph; the quantize pass splits a fused residual conv but
+        # gives the value after the add that name again, so the same name exists in both graphs
+        have = {v.name for op in pruned_fp32.ops for v in op.results}
+        names = {op.result.name: op.name for op in dense_fp32.ops
+                 if op.name in pruned and op.results and op.result.name in have}
         lrows = [{"value": v} for v in names]
         res = evaluate(dense_fp32, pruned_fp32, data, lrows)
         by_layer = {names[lr["value"]]: lr.get("sqnr_db") for lr in lrows}
