@@ -260,7 +260,7 @@ def prune_options(args):
                 raise UserError(f"{flag} needs --sparsity", flag, "add --sparsity F (e.g. 0.5)")
         return None
     if not 0.0 < f < 1.0:
-        raise UserError(f"--sparsity must be between 0 and 1 (exclusive), got {f:g}", "--sparsity",
+        raise UserError(f"the fraction of zeros must be between 0 and 1 (exclusive), got {f:g}", "--sparsity",
                         "give the fraction of weights to zero, e.g. 0.5")
     if pattern == "2:4" and f != 0.5:
         raise UserError(f"the 2:4 pattern zeroes exactly half of the weights, --sparsity {f:g} contradicts it",
@@ -315,8 +315,9 @@ def run_pipeline(graph, args, log, evaluation=None):
 
 
 def _runs_passes(args) -> bool:
-    """inspect/convert run passes when given --passes, or a DFQ flag (then after the default ones)."""
-    return args.passes not in (None, "none") or bool(args.equalize) or args.bias_correction is not None
+    """inspect/convert run passes when given --passes, or a DFQ or pruning flag (then after the default ones)."""
+    return args.passes not in (None, "none") or bool(args.equalize) or args.bias_correction is not None \
+        or args.sparsity is not None or args.sparsity_pattern is not None
 
 
 def is_quantized(graph) -> bool:

@@ -16,8 +16,8 @@ FASHION = os.path.join(ROOT, "models", "fashion_mobilenet.onnx")
 DATA = os.path.join(ROOT, "models", "fashion_test.npz")
 
 BAD = {
-    "above one": (["--sparsity", "1.5"], "--sparsity must be between 0 and 1"),
-    "zero": (["--sparsity", "0"], "--sparsity must be between 0 and 1"),
+    "above one": (["--sparsity", "1.5"], "--sparsity: the fraction of zeros must be between 0 and 1"),
+    "zero": (["--sparsity", "0"], "--sparsity: the fraction of zeros must be between 0 and 1"),
     "not a number": (["--sparsity", "half"], "invalid float value"),
     "unknown pattern": (["--sparsity", "0.5", "--sparsity-pattern", "3:4"], "invalid choice"),
     "2:4 with 0.7": (["--sparsity", "0.7", "--sparsity-pattern", "2:4"], "2:4 pattern zeroes exactly half"),
@@ -95,3 +95,34 @@ def test_24_int8_fashion_sizes(tmp_path, capsys):
     print(f"\n2:4 int8: conv/gemm weights {sec['weights_dense_bytes']} -> {sec['weights_encoded_bytes']} B; "
           f"model.so {lib['bytes']} B (.text {lib['text_bytes']} B, VM+constants {lib['library_bin_bytes']} B) "
           f"-> ~{lib['sparse_encoded_bytes_estimated']} B with encoded weights ({lib['sparse_ratio_estimated']}x)")
+
+
+def test_convert_writes_the_pruned_model(tmp_path, capsys):
+    """qcompile convert --sparsity-pattern 2:4: the ONNX written holds 2:4 weights (depthwise dense) and
+    ONNX Runtime runs it."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    import realmodels as rm
+    from qcompiler.sparse.format import conv_matrices, is_24
+    out = tmp_path / "pruned.onnx"
+    assert main(["convert", FASHION, "-o", str(out), "--sparsity-pattern", "2:4", "-q"]) == 0
+    m = onnx.load(str(out))
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    seen = 0
+    for node in m.graph.node:
+        if node.op_type in ("Conv", "Gemm") and node.input[1] in inits:
+            w = inits[node.input[1]]
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            if w.ndim == 4 and group > 1 and w.shape[1] == 1:
+                assert (w != 0).mean() > 0.9                                   # depthwise: not pruned
+                continue
+            mats = conv_matrices(w, group) if w.ndim == 4 else (w if any(
+                a.name == "transB" and a.i for a in node.attribute) else w.T)[None]
+            assert all(is_24(x) for x in mats), node.name
+            seen += 1
+    assert seen == 17
+    x = rm.fashion_test()[0][:1]
+    y = rm.ort_run(str(out), {m.graph.input[0].name: x})[0]
+    assert y.shape == (1, 10) and np.isfinite(y).all()
