@@ -24,6 +24,10 @@ half. They hold ~3 % of a MobileNet's weights (so pruning them buys almost no si
 channel depends on its single filter. The first conv and the last gemm are pruned (not skipped):
 skip them by name or kind with ``skip`` when the accuracy cost is too high.
 
+Run it on the float weights, before ``quantize`` (the CLI does): the weights' int8 scales and the
+empirical bias correction are then computed for the pruned weights. An int8 graph can be pruned too
+(magnitude ``|q| * scale``), but its bias correction then describes the unpruned weights.
+
 Detection (``sparsity=None``): nothing changes; every conv/gemm weight (float, or int8 of a
 quantized graph) is measured: fraction of exact zeros, whether it is already N:M compliant, and
 the fraction of all-zero 1x4 blocks.
