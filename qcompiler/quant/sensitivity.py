@@ -158,6 +158,7 @@ class Sensitivity:
                 self.means = means if keep else {}
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())
+        self._base = (_signatures(g), [reference.run_values(g, feed) for feed, _ in data])
         self.layers = layers                         # the all-int8 plan's record, per layer
         self.candidates = [n for n, v in layers.items() if v["precision"] == "int8" and "method" in v]
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
@@ -186,10 +187,42 @@ class Sensitivity:
         if key not in self._cache:
             g, layers = self.quantized(key)
             self._int8_alone[key] = layers
-            outs: list[list[np.ndarray]] = [reference.run(g, feed) for feed, _ in self.data]
+            outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
             self._cache[key] = self._combine(outs)
             self.evaluations += 1
         return self._cache[key]
+
+    def _run(self, g: Graph, i: int) -> list[np.ndarray]:
+        """The outputs of ``g`` on sample set ``i``, like :func:`reference.run`, but every op that
+        is the same as in the all-int8 graph (same kind, attributes, operand and result names and
+        types, same constants) and reads only such ops' results takes its result from the
+        all-int8 run: the ops upstream of every float layer are not run again."""
+        sigs, base = self._base[0], self._base[1][i]
+        feed = self.data[i][0]
+        env: dict[str, np.ndarray] = {v.name: v.data for v in g.consts.values()}
+        for v in g.inputs:
+            env[v.name] = np.asarray(feed[v.name])
+        same = {v.name for v in g.inputs}
+        last = {}
+        for k, op in enumerate(g.ops):
+            for v in op.operands:
+                last[v.name] = k
+        outputs = {v.name for v in g.outputs}
+        for k, op in enumerate(g.ops):
+            sig = sigs.get(op.results[0].name) if op.results else None
+            if sig is not None and sig[0] == _signature(op) and all(
+                    v.name in same or (v.is_const and v.name in sig[1] and _same_array(sig[1][v.name], v.data))
+                    for v in op.operands):
+                for r in op.results:
+                    env[r.name] = base[r.name]
+                    same.add(r.name)
+            else:
+                for r, a in zip(op.results, reference.evaluate_op(op, [env[v.name] for v in op.operands])):
+                    env[r.name] = a
+            for v in op.operands:
+                if last.get(v.name) == k and v.name not in outputs and not v.is_const:
+                    env.pop(v.name, None)
+        return [env[v.name] for v in g.outputs]
 
     def _combine(self, outs: list[list[np.ndarray]]) -> Scores:
         ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]
@@ -302,6 +335,21 @@ class Sensitivity:
         for k, r in enumerate(rows):
             r["rank"] = k + 1
         return rows
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
+
+
+def _signature(op) -> tuple:
+    return (op.kind, repr(sorted(op.attrs.items())), tuple((v.name, str(v.type)) for v in op.operands),
+            tuple((r.name, str(r.type)) for r in op.results))
+
+
+def _signatures(g: Graph) -> dict[str, tuple]:
+    """First result name -> (signature, {constant operand name: its array})."""
+    return {op.results[0].name: (_signature(op), {v.name: v.data for v in op.operands if v.is_const})
+            for op in g.ops if op.results}
 
 
 def prepare(graph: Graph, opts) -> Graph:

@@ -68,6 +68,17 @@ def test_table_equals_direct_computation():
     assert rows["add1"]["sqnr_only_int8_db"] is None and "quantized operand" in rows["add1"]["note"]
 
 
+def test_cached_prefix_run_is_exact():
+    """Variants re-use the all-int8 run's values upstream of their float layers: bit for bit what
+    the reference interpreter computes on the whole graph."""
+    g, sens = build()
+    for S in ([], ["g6"], ["g4"], ["g2", "add2"], ["g1"], sens.candidates):
+        q, _ = sens.quantized(frozenset(S))
+        want = reference.run(q, {"x": feeds(64, 2)})
+        got = sens._run(q, 0)
+        assert all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
 def test_one_calibration_and_the_pass_agrees(monkeypatch):
     """The table calibrates once (every activation in one pass); all-int8 with those shared ranges
     is what the quantize pass gives when it calibrates by itself."""
