@@ -18,7 +18,8 @@ trace), from ONE static ranking. We improve it in four ways:
    moves by gain per new layer;
 3. **prune and exchange** once the budget holds: drop every float layer that is no longer needed
    (greedy's early picks can become redundant), then try replacing two float layers by one
-   (a smaller set), repeating both until nothing changes;
+   (a smaller set; the pairs that contribute least first, at most as many tries as one greedy
+   step per float layer), repeating both until nothing changes;
 4. **latency** (``cost``): among moves that meet the budget, or that come equally close to it
    (scores within ``tie``), the cheaper wins; a final exchange step swaps a float layer for another
    when the budget still holds and the model gets faster (same size, lower cost).
@@ -217,13 +218,19 @@ def _shrink(se: _Search, S: frozenset, cands, rank, priority, prior, shortlist, 
         if len(S) < 2:
             break
         pool = _pool(S, cands, rank, priority, prior, shortlist)
-        swaps = []
-        for f1, f2 in itertools.combinations(sorted(S, key=rank.get), 2):
+        gain = {f: se.score(S) - se.score(S - {f}) for f in S}           # measured by the prune step
+        pairs = sorted(itertools.combinations(sorted(S, key=rank.get), 2), key=lambda p: gain[p[0]] + gain[p[1]])
+        cap, ok, tried = len(pool) * len(S), [], 0                       # one greedy step per float layer
+        for f1, f2 in pairs:
             for c in pool:
-                swaps.append(S - {f1, f2} | {c})
-                if se.out_of_budget():
+                swap = S - {f1, f2} | {c}
+                tried += 1
+                if se.meets(swap):
+                    ok.append(swap)
+                if tried >= cap or (ok and se._cost is None) or se.out_of_budget():
                     break
-        ok = [s for s in swaps if se.meets(s)]
+            if tried >= cap or (ok and se._cost is None) or se.out_of_budget():
+                break
         if not ok:
             break
         nxt = se.best(ok, {s: sum(rank[c] for c in s) for s in ok})
