@@ -168,7 +168,7 @@ def bench_models(models, sparsity, rounds, iters):
     print(f"\nreal layers, int8, batch 1, magnitude pruning {int(sparsity * 100)} % unstructured "
           f"(times in ms; model = cost.choose with default factors)")
     print(f"{'model':18s} {'layer':28s} {'N x K x P':>18s} {'dense':>7s} {'csr':>7s} {'bsr1x4':>7s} {'bsr4x1':>7s} "
-          f"{'best':>7s} {'model':>7s} agree")
+          f"{'2:4':>7s} {'best':>7s} {'model':>7s} agree (exact / model's pick within 10 % of the best)")
     for model, name, op, w, xshape in real_layers(models):
         wq = _quantize_w(np.asarray(w, np.float32))
         if op.kind.endswith("Gemm"):
@@ -184,7 +184,8 @@ def bench_models(models, sparsity, rounds, iters):
         wq = prune(wq, sparsity, "unstructured", RNG)
         mats = wq[None] if kind == "gemm" else conv_matrices(wq, conv[3])
         shape = cost.LayerShape.of(mats, p)
-        fmts = [f for f in ("csr", "bsr1x4", "bsr4x1") if f != "bsr4x1" or shape.n % 4 == 0]
+        fmts = [f for f in ("csr", "bsr1x4", "bsr4x1", "2:4")
+                if (f != "bsr4x1" or shape.n % 4 == 0) and (f != "2:4" or shape.is_24)]
         ms = time_variants(kind, "int8", 1, [(wq, f) for f in fmts], rounds, iters, conv)
         t = dict(zip(["dense"] + fmts, ms))
         for f, v in t.items():
@@ -193,11 +194,13 @@ def bench_models(models, sparsity, rounds, iters):
         choice = cost.choose(shape)
         rows.append((model, name, shape, t, best))
         print(f"{model:18s} {name[:28]:28s} {f'{shape.groups * shape.n}x{shape.k}x{p}':>18s} "
-              + " ".join(f"{t.get(f, float('nan')):7.3f}" for f in ("dense", "csr", "bsr1x4", "bsr4x1"))
-              + f" {best:>7s} {choice.format_time:>7s} {'yes' if choice.format_time == best else 'NO'}", flush=True)
+              + " ".join(f"{t.get(f, float('nan')):7.3f}" for f in ("dense", "csr", "bsr1x4", "bsr4x1", "2:4"))
+              + f" {best:>7s} {choice.format_time:>7s} {'yes' if choice.format_time == best else 'NO':>3s} / "
+              f"{'yes' if _near(t, choice.format_time) else 'NO'}", flush=True)
     if not rows:
         return
     fitted = cost.fit(samples)
+    near_d = sum(_near(t, cost.choose(s).format_time) for _, _, s, t, _ in rows)
     agree_d = sum(cost.choose(s).format_time == b for _, _, s, _, b in rows)
     agree_f = sum(cost.choose(s, fitted).format_time == b for _, _, s, _, b in rows)
     # "dense or sparse" agreement (the decision that matters for speed)
@@ -206,7 +209,13 @@ def bench_models(models, sparsity, rounds, iters):
     print(f"\ncost model vs measurement on {len(rows)} layers: exact format {agree_d}/{len(rows)} "
           f"(dense-vs-sparse {sp_d}/{len(rows)}) with default factors; fitted factors "
           f"c_csr={fitted.c_csr:.2f} c_bsr={fitted.c_bsr:.2f}: exact format {agree_f}/{len(rows)} "
-          f"(dense-vs-sparse {sp_f}/{len(rows)})")
+          f"(dense-vs-sparse {sp_f}/{len(rows)}); default model's pick within 10 % of the measured best: "
+          f"{near_d}/{len(rows)}")
+
+
+def _near(t: dict, fmt: str, tol: float = 0.10) -> bool:
+    """The format's measured time is within ``tol`` of the best measured one."""
+    return fmt in t and t[fmt] <= (1 + tol) * min(t.values())
 
 
 def main():
