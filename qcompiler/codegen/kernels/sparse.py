@@ -604,9 +604,13 @@ def build(ctx, fmt: str, a, ins, outs):
     then builds the dense kernel)."""
     if fmt not in FORMATS or ctx.op.kind not in BUILDERS:
         return None
-    if ctx.op.kind in ("QLinearGemm", "QLinearConv") and (ctx.const_data(1) is None
-                                                         or ctx.const_data(1).dtype != np.int8):
+    w = ctx.const_data(1)
+    if ctx.op.kind in ("QLinearGemm", "QLinearConv") and (w is None or w.dtype != np.int8):
         return None
+    if fmt == "bsr4x1" and w is not None and w.ndim == 4 and ins[0].rank == 4:
+        g = ins[0].shape[1] // w.shape[1]
+        if g > 1 and (w.shape[0] // g) % 4:
+            return None                      # 4-row blocks would straddle groups: the dense kernel
     return BUILDERS[ctx.op.kind](ctx, a, ins, outs, fmt)
 
 
