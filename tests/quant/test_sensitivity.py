@@ -117,7 +117,8 @@ def test_fashion_cli_min_sqnr_plain_int8_misses(tmp_path):
     p = subprocess.run([sys.executable, "-m", "qcompiler.cli", str(ROOT / "models" / "fashion_mobilenet.onnx"),
                         "--dtype", "int8", "--calib", str(ROOT / "models" / "fashion_test.npz"),
                         "--calib-samples", "128", "--eval-samples", "64", "--per-tensor", "--no-equalize",
-                        "--min-sqnr", "30", "--sensitivity-samples", "32", "-q", "-o", str(out)],
+                        "--min-sqnr", "30", "--sensitivity-samples", "32", "--layer-costs", "off",
+                        "-q", "-o", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr
     rep = json.loads((out / "report.json").read_text())
