@@ -164,7 +164,6 @@ class Sensitivity:
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
         self._cache: dict[frozenset, Scores] = {}
         self._int8_alone: dict[frozenset, bool] = {}
-        self._outs: dict[frozenset, list] = {}
         self.evaluations = 0
 
     # ---- variants ----------------------------------------------------------------------------
@@ -189,7 +188,6 @@ class Sensitivity:
             g, layers = self.quantized(key)
             self._int8_alone[key] = layers
             outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
-            self._outs[key] = outs
             self._cache[key] = self._combine(outs)
             self.evaluations += 1
         return self._cache[key]
@@ -225,20 +223,6 @@ class Sensitivity:
                 if last.get(v.name) == k and v.name not in outputs and not v.is_const:
                     env.pop(v.name, None)
         return [env[v.name] for v in g.outputs]
-
-    def worst_fold_sqnr(self, float_set: Iterable[str], folds: int = 2) -> float:
-        """The lowest output SQNR over ``folds`` disjoint parts of the samples (in order): a budget
-        that must hold on every part is not met by luck on a few samples. (The output noise of a
-        classifier's softmax is dominated by the few samples near its decision boundary: on
-        rapidocr-cls two of 64 lines carry 38 % of it.)"""
-        key = frozenset(float_set)
-        self.scores(key)
-        ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]
-        got = [np.concatenate([o[i] for o in self._outs[key]]) for i in range(len(ref))]
-        n = len(ref[0])
-        cuts = np.linspace(0, n, folds + 1).astype(int)
-        return min(output_scores([r[a:b] for r in ref], [y[a:b] for y in got]).sqnr_db
-                   for a, b in zip(cuts, cuts[1:]) if b > a)
 
     def _combine(self, outs: list[list[np.ndarray]]) -> Scores:
         ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]
