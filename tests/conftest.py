@@ -10,6 +10,7 @@ in tests/codegen/test_artifact.py.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from types import SimpleNamespace
 
@@ -76,3 +77,18 @@ def x86_artifact(tmp_path_factory):
 def ort_run():
     """ort_run(model_or_path, feeds, outputs=None) -> list of arrays, via onnxruntime on CPU."""
     return _ort_run
+
+
+def timing_keys(obj, path="") -> list[str]:
+    """Keys that hold wall-clock measurements (seconds, milliseconds): they would make a report
+    differ between two builds of the same inputs."""
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if re.search(r"(^|_)(s|ms|us|sec|seconds|elapsed|wall)$", str(k)):
+                out.append(path + str(k))
+            out += timing_keys(v, f"{path}{k}.")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += timing_keys(v, f"{path}{i}.")
+    return out

@@ -40,6 +40,7 @@ class Request:
     sensitivity: bool = False
     samples: int = 64
     shortlist: int | None = 8
+    max_evaluations: int | None = None     # None: 2 per candidate layer + 40 (each search)
 
     @property
     def active(self) -> bool:
@@ -164,14 +165,30 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
                 return sens.scores(S).sqnr_db
             unit = "dB"
         prior = ([r["layer"] for r in parts["sensitivity"]["rows"]] if "sensitivity" in parts else sens.prior())
-        sel = select_float_layers(evaluate, cands, req.budget, cost=cost, shortlist=req.shortlist,
-                                  prior=prior, unit=unit, groups=sens.groups())
+        cap = req.max_evaluations if req.max_evaluations is not None else 2 * len(cands) + 40
+        kw = dict(shortlist=req.shortlist, prior=prior, unit=unit, groups=sens.groups(), max_evaluations=cap)
+        sel = select_float_layers(evaluate, cands, req.budget, **kw)          # accuracy only
+        alternatives = {}
+        if cost is not None:
+            # latency-aware search (scores memoized: only new sets cost a reference run); it is
+            # taken only when it meets the budget and is predicted no slower than the
+            # accuracy-only set, so the latency-aware choice is never slower by the cost model
+            fast = select_float_layers(evaluate, cands, req.budget, cost=cost, **kw)
+            acc_ms, fast_ms = cost(frozenset(sel.float_layers)), cost(frozenset(fast.float_layers))
+            alternatives = {"accuracy_only": {"float_layers": list(sel.float_layers), "score": sel.score,
+                                              "predicted_ms": acc_ms, "met": sel.met},
+                            "latency_aware": {"float_layers": list(fast.float_layers), "score": fast.score,
+                                              "predicted_ms": fast_ms, "met": fast.met}}
+            if fast.met and (not sel.met or fast_ms <= acc_ms):
+                sel = fast
+            alternatives["chosen"] = "latency_aware" if sel is fast else "accuracy_only"
         opts = replace(opts, keep_float=keep | frozenset(sel.float_layers))
         reasons.update(sel.reasons())
         js = sel.to_json()
         js.update(kind="min-sqnr" if not accuracy else "max-accuracy-drop", data=where, samples=n,
                   candidates=len(cands), forced_int8=sorted(forced),
-                  scores=sens.scores(frozenset(sel.float_layers)).to_json(), all_int8=base.to_json())
+                  scores=sens.scores(frozenset(sel.float_layers)).to_json(), all_int8=base.to_json(),
+                  max_evaluations=cap, **alternatives)
         if accuracy:
             js["budget_points"] = req.max_accuracy_drop
         parts["selection"] = js
@@ -215,6 +232,11 @@ def format_selection(sel: dict, reasons: dict[str, str]) -> str:
                      f"{'met' if sel['met'] else 'NOT met'}, {sel['score']} {u} with "
                      f"{len(sel['float_layers'])} float layer(s) (all int8: {sel['baseline']} {u}; "
                      f"{sel['evaluations']} evaluations)")
+    if "chosen" in sel:
+        a, f = sel["accuracy_only"], sel["latency_aware"]
+        lines.append(f"  accuracy-only search: {len(a['float_layers'])} float layer(s), predicted {a['predicted_ms']:.3f} ms; "
+                     f"latency-aware: {len(f['float_layers'])}, {f['predicted_ms']:.3f} ms; "
+                     f"chosen: {sel['chosen'].replace('_', '-')} (never the slower prediction)")
     if reasons:
         lines.append("float layers:")
         w = min(max(len(n) for n in reasons), 48)
