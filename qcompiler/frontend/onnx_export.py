@@ -49,11 +49,17 @@ def export_onnx(graph: Graph) -> onnx.ModelProto:
 
 def save_onnx(graph: Graph, path: "str | os.PathLike") -> None:
     """Export ``graph`` and write it to ``path`` atomically."""
+    write_model(export_onnx(graph), path)
+
+
+def write_model(model: onnx.ModelProto, path: "str | os.PathLike") -> None:
+    """Write ``model`` to ``path`` atomically: a temporary file in the same folder, synced, then
+    renamed over ``path`` (an interrupted write leaves the old file or none, never half of one)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError("the output folder does not exist", path, "create the folder first")
-    data = export_onnx(graph).SerializeToString()
+    data = model.SerializeToString()
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -41,13 +41,12 @@ takes per-axis scales on weights only and does not quantize float weights by its
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..frontend.onnx_export import export_onnx, save_onnx
+from ..frontend.onnx_export import export_onnx, save_onnx, write_model
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
 from ..ir.types import TensorType
@@ -76,21 +75,7 @@ def save_qdq(graph: Graph, path: "str | os.PathLike", *, float_bias: bool = Fals
     if float_bias:
         save_onnx(to_qdq_graph(graph, float_bias=float_bias), path)
         return
-    model = export_qdq(graph)
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        from ..errors import UserError
-        raise UserError("the output folder does not exist", path, "create the folder first")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_model(export_qdq(graph), path)
 
 
 _WEIGHT_QUANTIZED_BY_ORT = ("Conv", "ConvTranspose", "Gemm")

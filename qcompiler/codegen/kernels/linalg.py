@@ -62,20 +62,26 @@ def gemm(ctx, a, ins, outs):
         d = compute((m, n), lambda i, j: te.sum(A.at((i, rk)) * Bt.at((rk, j)), axis=[rk]), name="matmul")
         ctx.schedule("matmul")
         acc = Buf(d, out_shape, F32)
-    alpha, beta = float(a["alpha"]), float(a["beta"])
-    act, params = a.get("activation", ""), a.get("activation_params", [])
-    if C is None and alpha == 1.0 and not act:
+    if C is None and float(a["alpha"]) == 1.0 and not a.get("activation", ""):
         return [acc]
+    return [gemm_epilogue(a, C, acc.at, out_shape, outs[0].dtype)]
+
+
+def gemm_epilogue(a: dict, C, acc_at, out_shape, dtype) -> Lazy:
+    """Gemm's y = act(alpha · acc + beta · C) over an accumulator read by ``acc_at(idx)``
+    (C broadcast; None: no C), shared by the dense and the sparse kernels."""
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    act, params = a.get("activation", ""), a.get("activation_params", [])
 
     def fn(idx):
-        v = acc.at(idx)
+        v = acc_at(idx)
         if alpha != 1.0:
             v = v * const(alpha, F32)
         if C is not None:
             cv = C.at(broadcast_index(idx, C.shape))
             v = v + (cv * const(beta, F32) if beta != 1.0 else cv)
         return activation(act, params, v)
-    return [Lazy(out_shape, outs[0].dtype, fn)]
+    return Lazy(out_shape, dtype, fn)
 
 
 def _transposed(x):

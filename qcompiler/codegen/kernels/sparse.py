@@ -59,8 +59,8 @@ from ...ir.types import INT_RANGES
 from ...sparse import format as sfmt
 from . import qdot
 from .conv import F32_EXACT, _attrs2d, _epilogue, exact_f32_bound
-from .elementwise import activation
-from .tensor import Buf, Lazy, broadcast_index, cast, compute, const
+from .linalg import gemm_epilogue
+from .tensor import Buf, Lazy, cast, compute, const
 
 I16, I32, F32 = "int16", "int32", "float32"
 FORMATS = ("csr", "bsr1x4", "bsr4x1", "2:4")
@@ -445,18 +445,7 @@ def gemm(ctx, a, ins, outs, fmt: str):
     if ctx.op.kind == "MatMul":
         return [Lazy(out_shape, outs[0].dtype, acc_at)]
     C = ins[2] if len(ins) > 2 else None
-    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
-    act, params = a.get("activation", ""), a.get("activation_params", [])
-
-    def fn(idx):
-        v = acc_at(idx)
-        if alpha != 1.0:
-            v = v * const(alpha, F32)
-        if C is not None:
-            cv = C.at(broadcast_index(idx, C.shape))
-            v = v + (cv * const(beta, F32) if beta != 1.0 else cv)
-        return activation(act, params, v)
-    return [Lazy(out_shape, outs[0].dtype, fn)]
+    return [gemm_epilogue(a, C, acc_at, out_shape, outs[0].dtype)]
 
 
 def qgemm(ctx, a, ins, outs, fmt: str):
