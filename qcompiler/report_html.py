@@ -12,10 +12,12 @@ does not mark as estimated):
   their sha256 in manifest.json, which must be byte-identical for the same model, data and flags;
 * **layers**: one table row per layer of the report (int8: the rows of
   :func:`qcompiler.quant.report.layer_rows` -- op, output shape, precision, scale / zero point, weight
-  scales, range source, SQNR vs fp32 on held-back data; fp32: every op of the compiled graph);
+  scales, range source, SQNR vs fp32 on held-back data; fp32: every op of the compiled graph); with
+  sparse or pruned weights a "weights zero" column (share of zeros, storage format), with per-layer
+  costs (a budget, :mod:`qcompiler.quant.layer_cost`) an "int8 / float µs" column;
 * **warnings** (:func:`warnings_of`): layers and outputs with SQNR below 20 dB, layers kept float,
   top-1 agreement below 99 %, accuracy lost, evaluation on calibration or random data, an int8
-  library that is not smaller than the fp32 one;
+  library that is not smaller than the fp32 one, an int8 layer whose kernel measured slower than float;
 * **plots**, inline SVG (no script, no network): per-layer SQNR bars
 
       SQNR = 10 log10( Σ r² / Σ (dequantize(q) - r)² )  dB
@@ -24,7 +26,9 @@ does not mark as estimated):
   worst layers (lowest SQNR) -- the calibrated range [min, max] against the range the 8-bit grid can
   represent, s (q_min - z) .. s (q_max - z) -- and, when ``equalize`` ran, the per-channel weight ranges
   before/after cross-layer equalization (:func:`qcompiler.quant.dfq.to_svg`; Nagel et al., "Data-Free
-  Quantization Through Weight Equalization and Bias Correction", ICCV 2019).
+  Quantization Through Weight Equalization and Bias Correction", ICCV 2019); the trade-off
+  (:func:`tradeoff_points`): output SQNR against predicted latency along the float-layer search
+  with a budget, else against model.so size (int8 and fp32).
 * **sensitivity and float layers** (``qcompile --sensitivity`` / ``--min-sqnr`` /
   ``--max-accuracy-drop``; :mod:`qcompiler.quant.mixed`): the ranked per-layer sensitivity bars (SQNR
   gained by keeping only that layer float) and each float layer with the reason it is float (the
@@ -122,6 +126,13 @@ def warnings_of(report: dict) -> list[str]:
             out.append("calibrated and evaluated on random data: the numbers say little about real inputs")
         if not ev.get("samples"):
             out.append(f"no evaluation ({ev.get('note', 'no data')}): no SQNR figures")
+        lat = report.get("latency") or {}
+        ms = {r["layer"]: r for r in lat.get("layers", [])}
+        for name in lat.get("slower_than_float", []):
+            r = ms.get(name, {})
+            if r.get("precision") == "int8":
+                out.append(f"layer {name}: its int8 kernel is slower than float ({1000 * r['int8_ms']:.1f} µs vs "
+                           f"{1000 * r['float_ms']:.1f} µs, {lat.get('method', '')} on {lat.get('target', '')})")
         sz = report.get("size", {})
         if sz.get("library_ratio") is not None and sz["library_ratio"] >= 1.0:
             out.append(f"the int8 model.so ({sz['library_int8_bytes']} B) is not smaller than the estimated "
@@ -257,6 +268,74 @@ def _mixed_sections(report: dict) -> list[str]:
     return parts
 
 
+def tradeoff_points(report: dict) -> tuple[str, str, list[tuple[float, float, str]], float | None]:
+    """(x axis, y axis, points (x, y, label), budget) of the trade-off plot. With a latency-aware
+    selection: output SQNR on the selection samples vs predicted latency, one point per step of the
+    search (all int8 first, the chosen set last) and all float; otherwise output SQNR on the
+    held-back data vs model.so size, int8 and fp32. y = +inf (fp32: exact) is drawn at the top."""
+    sel, lat = report.get("selection") or {}, report.get("latency") or {}
+    if lat.get("layers") and sel.get("steps") and all("cost" in st for st in sel["steps"]):
+        pts = [(sel["baseline_cost_ms"], sel["baseline"], "all int8")]
+        pts += [(st["cost"], st["score"], f"{st['size']} float") for st in sel["steps"]]
+        chosen = (sel["cost_ms"], sel["score"])
+        pts = [p for p in pts if (p[0], p[1]) != chosen]           # the last step is the chosen set
+        pts.append((*chosen, f"chosen: {len(sel['float_layers'])} float"))
+        pts.append((lat["float_latency_ms"], math.inf, "all float (exact)"))
+        return "predicted latency (ms, per-layer kernels + Q/DQ)", "output SQNR (dB, selection samples)", pts, \
+            sel.get("budget") if sel.get("unit", "dB") == "dB" else None
+    sz, outs = report.get("size", {}), (report.get("evaluation") or {}).get("outputs", [])
+    sq = outs[0].get("sqnr_db") if outs else None
+    if sq is None or sz.get("library_int8_bytes") is None or sz.get("library_fp32_bytes") is None:
+        return "", "", [], None
+    return "model.so size (KB)", "output SQNR (dB, held-back data)", [
+        (sz["library_int8_bytes"] / 1024, sq, "int8"),
+        (sz["library_fp32_bytes"] / 1024, math.inf,
+         "fp32" + (" (estimated size)" if sz.get("library_fp32_estimated") else ""))], None
+
+
+def tradeoff_svg(report: dict) -> str:
+    xlab, ylab, pts, budget = tradeoff_points(report)
+    if len(pts) < 2:
+        return ""
+    W, H, L, R, T, B = 900, 360, 70, 40, 40, 50
+    xs = [p[0] for p in pts]
+    ys = [p[1] for p in pts if math.isfinite(p[1])] + ([budget] if budget is not None else [])
+    x0, x1 = min(xs), max(xs)
+    pad = (x1 - x0) * 0.08 or max(abs(x1), 1e-9) * 0.1
+    x0, x1 = x0 - pad, x1 + pad
+    y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    ypad = (y1 - y0) * 0.1 or 1.0
+    y0, y1 = y0 - ypad, y1 + 2 * ypad                      # the top band holds "exact" (fp32)
+    X = lambda v: L + (v - x0) / (x1 - x0) * (W - L - R)                      # noqa: E731
+    Y = lambda v: T + (1 - ((y1 if not math.isfinite(v) else v) - y0) / (y1 - y0)) * (H - T - B)   # noqa: E731
+    out = [f'<svg class="plot tradeoff" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="10" y="16" font-size="14" font-weight="bold">Trade-off: {_e(ylab)} vs {_e(xlab)}</text>',
+           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#888"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#888"/>',
+           f'<text x="{(L + W - R) / 2:.0f}" y="{H - 12}" text-anchor="middle">{_e(xlab)}</text>',
+           f'<text x="14" y="{(T + H - B) / 2:.0f}" transform="rotate(-90 14 {(T + H - B) / 2:.0f})" '
+           f'text-anchor="middle">{_e(ylab)}</text>']
+    for k in range(5):
+        xv, yv = x0 + (x1 - x0) * k / 4, y0 + (y1 - y0) * k / 4
+        out.append(f'<text x="{X(xv):.1f}" y="{H - B + 14}" text-anchor="middle">{xv:.3g}</text>'
+                   f'<text x="{L - 4}" y="{Y(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
+    if budget is not None:
+        out.append(f'<line x1="{L}" y1="{Y(budget):.1f}" x2="{W - R}" y2="{Y(budget):.1f}" stroke="#d9534f" '
+                   f'stroke-dasharray="4 3"/><text x="{W - R}" y="{Y(budget) - 4:.1f}" text-anchor="end" '
+                   f'fill="#d9534f">budget {budget:g} dB</text>')
+    for i, (xv, yv, label) in enumerate(pts):
+        last = label.startswith("chosen") or (i == 0 and len(pts) == 2)
+        color = "#7a7a7a" if not math.isfinite(yv) else ("#2a6fdb" if last else "#9bbcf0")
+        shown = "exact" if not math.isfinite(yv) else f"{yv:.2f} dB"
+        out.append(f'<circle class="point" cx="{X(xv):.1f}" cy="{Y(yv):.1f}" r="{6 if last else 4}" fill="{color}">'
+                   f'<title>{_e(label)}: {xv:.4g}, {shown}</title></circle>'
+                   f'<text x="{X(xv) + 8:.1f}" y="{Y(yv) - 6:.1f}">{_e(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 def size_bars(report: dict) -> list[tuple[str, int, bool]]:
     """(label, bytes, estimated) of the size plot, from what the report measured."""
     sz = report.get("size", {})
@@ -353,7 +432,7 @@ h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1
 table { border-collapse: collapse; margin: 8px 0; font-size: 12.5px; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
-tr.low td { background: #fde8e7; }
+tr.low td { background: #fde8e7; } td.slow { color: #d9534f; font-weight: bold; }
 ul.warnings li { color: #a12622; } p.note { color: #555; }
 .name { font-family: monospace; word-break: break-all; max-width: 360px; }
 """
@@ -367,6 +446,11 @@ def _layer_table(report: dict) -> str:
                 "range set by", "SQNR dB"]
     else:
         head = ["#", "layer", "op", "output shape", "precision"]
+    sparse = {r["name"]: r for r in (report.get("sparsity") or {}).get("layers", [])}
+    if not any(r["sparsity"] >= 0.05 or r["pruned"] or r["format"] != "dense" for r in sparse.values()):
+        sparse = {}                                  # nothing worth a column
+    lat = {r["layer"]: r for r in (report.get("latency") or {}).get("layers", [])}
+    head += ["weights zero"] * bool(sparse) + ["int8 / float µs"] * bool(lat)
     rows = []
     for i, r in enumerate(layers):
         cells = [f'<td class="n">{i}</td>', f'<td class="name">{_e(r["name"])}</td>', f"<td>{_e(r['kind'])}</td>",
@@ -385,6 +469,15 @@ def _layer_table(report: dict) -> str:
             src = r.get("range_source", r.get("reason", ""))
             cells += [f'<td class="n">{_e(_num(r.get("scale")))}</td>', f'<td class="n">{_e(r.get("zero_point", "—"))}</td>',
                       f"<td>{_e(wt)}</td>", f"<td>{_e(src)}</td>", f'<td class="n">{_e(sqs)}</td>']
+        if sparse:
+            sp = sparse.get(r["name"])
+            text = f"{100 * sp['sparsity']:.0f} % {sp['format']}" if sp else ""
+            cells.append(f'<td class="n">{_e(text)}</td>')
+        if lat:
+            t = lat.get(r["name"])
+            text = f"{1000 * t['int8_ms']:.1f} / {1000 * t['float_ms']:.1f}" if t else ""
+            slow = " slow" if t and t["int8_ms"] > t["float_ms"] else ""
+            cells.append(f'<td class="n{slow}">{_e(text)}</td>')
         rows.append(('<tr class="low">' if low else "<tr>") + "".join(cells) + "</tr>")
     h = "".join(f"<th>{_e(c)}</th>" for c in head)
     return (f'<table class="layers"><thead><tr>{h}</tr></thead>\n<tbody>\n' + "\n".join(rows)
@@ -485,6 +578,9 @@ def render(report: dict, *, equalization: dict | None = None) -> str:
     sz = size_svg(report)
     if sz:
         parts.append(sz)
+    to = tradeoff_svg(report)
+    if to:
+        parts.append(to)
     rv = ranges_svg(layers)
     if rv:
         parts.append(rv)

@@ -157,6 +157,7 @@ def test_int8_html_tables_and_plots(fashion):
     worst = min(WORST_LAYERS, len(measured))
     assert p.svgs["ranges"]["range"] == worst and p.svgs["ranges"]["calibrated"] <= worst
     assert "equalization" in p.svgs                        # --equalize: dfq.to_svg inlined
+    assert p.svgs["tradeoff"] == {"point": 2}               # no budget: int8 vs fp32, SQNR against size
     assert (q8 / "equalization.svg").exists()
     # --sensitivity: one ranked bar per quantizable layer; no budget, so no float layer to explain
     rows = rep["sensitivity"]["rows"]
@@ -296,3 +297,32 @@ def test_chromium_renders_int8_and_fp32_reports(fashion, tmp_path):
             assert p.svgs["sqnr"]["bar"] == len(rep["layers"])
         print(f"{out.name}: {ink:.3f} of the screenshot pixels dark, {len(p.svgs)} SVGs, "
               f"{p.tables['layers']} layer rows")
+
+
+def test_tradeoff_latency_columns_and_slow_int8_warnings_from_a_budget_report():
+    """A report with a latency-aware selection (the fields qcompile writes with --min-sqnr): the
+    trade-off plot has one point per search step, the chosen set and all float; the layer table
+    gets the int8/float µs column; an int8 layer slower than float is a warning, a float one not."""
+    from qcompiler import report_html as H
+    layers = [{"name": n, "kind": "QLinearConv", "shape": [1, 8, 4, 4], "precision": pr, "sqnr_db": 30.0}
+              for n, pr in (("a", "int8"), ("b", "float"), ("c", "int8"))]
+    rep = {"dtype": "int8", "layers": layers,
+           "selection": {"budget": 36.0, "unit": "dB", "baseline": 33.0, "baseline_cost_ms": 0.30,
+                         "score": 36.5, "cost_ms": 0.26, "float_layers": ["b"],
+                         "steps": [{"size": 1, "score": 36.5, "cost": 0.26}]},
+           "latency": {"method": "measured", "target": "x86", "float_latency_ms": 0.20,
+                       "layers": [{"layer": "a", "int8_ms": 0.012, "float_ms": 0.006, "precision": "int8"},
+                                  {"layer": "b", "int8_ms": 0.020, "float_ms": 0.010, "precision": "float"},
+                                  {"layer": "c", "int8_ms": 0.003, "float_ms": 0.009, "precision": "int8"}],
+                       "slower_than_float": ["a", "b"]}}
+    xlab, ylab, pts, budget = H.tradeoff_points(rep)
+    assert "latency" in xlab and budget == 36.0
+    assert pts[0] == (0.30, 33.0, "all int8") and pts[1] == (0.26, 36.5, "chosen: 1 float")
+    assert pts[2][0] == 0.20 and pts[2][1] == float("inf")
+    slow = [w for w in H.warnings_of(rep) if "slower than float" in w]
+    assert slow == ["layer a: its int8 kernel is slower than float (12.0 µs vs 6.0 µs, measured on x86)"]
+    p = parse(H.render(rep))
+    assert p.svgs["tradeoff"] == {"point": 3}
+    text = "".join(p.text)
+    assert "int8 / float µs" in text and "12.0 / 6.0" in text and "3.0 / 9.0" in text
+
