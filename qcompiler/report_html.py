@@ -34,9 +34,11 @@ does not mark as estimated):
   gained by keeping only that layer float) and each float layer with the reason it is float (the
   budget and its measured gain, ``--keep-float``, a default rule, or the quantize plan).
 
-The calibration keeps only each value's [min, max] (or the clipped range its observer chose), not a
-histogram, so the activation plot shows ranges, and the outlier check "max |x| > 10x the 99.99th
-percentile" cannot be made from what is recorded; the page says so instead of guessing.
+Activation histograms come from the held-back evaluation (:func:`qcompiler.quant.report.evaluate`):
+each quantized layer's fp32 values counted on the 256 levels of its grid; the report keeps the
+histograms of the lowest-SQNR layers and, for every layer, how many levels hold 99.99 % of the
+values. Fewer than 26 (a tenth of the grid) on a calibrated range is the "range dominated by
+outliers" warning.
 
 Every string that comes from the model (op, value, input names) is HTML-escaped.
 
@@ -126,6 +128,13 @@ def warnings_of(report: dict) -> list[str]:
             out.append("calibrated and evaluated on random data: the numbers say little about real inputs")
         if not ev.get("samples"):
             out.append(f"no evaluation ({ev.get('note', 'no data')}): no SQNR figures")
+        from .quant.report import OUTLIER_LEVELS
+        for r in report.get("layers", []):
+            n = r.get("levels_99_99")
+            if n is not None and 0 < n < OUTLIER_LEVELS and str(r.get("range_source", "")).startswith("calibrated"):
+                out.append(f"layer {r['name']}: 99.99 % of its fp32 values fall on {n} of the 256 levels of its "
+                           f"8-bit grid: the calibrated range is set by outliers (a clipping --calib-method, "
+                           f"percentile or mse, would spend the levels on the values)")
         lat = report.get("latency") or {}
         ms = {r["layer"]: r for r in lat.get("layers", [])}
         for name in lat.get("slower_than_float", []):
@@ -425,6 +434,39 @@ def ranges_svg(layers: list[dict]) -> str:
     return "\n".join(out)
 
 
+def histograms_svg(layers: list[dict]) -> str:
+    """Per layer that carries one (the lowest SQNR ones): the histogram of its fp32 values over
+    the levels of its 8-bit grid (log counts; the end levels also count the clipped values)."""
+    rows = [r for r in layers if r.get("histogram")]
+    if not rows:
+        return ""
+    cols, PW, PH, L, T = 2, 420, 110, 20, 34
+    W = L + cols * (PW + 20)
+    H = T + -(-len(rows) // cols) * (PH + 44)
+    out = [f'<svg class="plot histograms" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="10" y="16" font-size="14" font-weight="bold">Activation histograms of the {len(rows)} '
+           'layers with the lowest SQNR: fp32 values on the 256 levels of the 8-bit grid (log count)</text>']
+    for i, r in enumerate(rows):
+        h = r["histogram"]
+        x0, y0 = L + (i % cols) * (PW + 20), T + (i // cols) * (PH + 44) + 14
+        top = math.log10(max(h) + 1) or 1.0
+        bw = PW / len(h)
+        d = "".join(f"M{x0 + k * bw:.1f},{y0 + PH}v{-PH * math.log10(c + 1) / top:.1f}h{bw:.2f}V{y0 + PH}z"
+                    for k, c in enumerate(h) if c)
+        lo, hi = r["range"]
+        used = r.get("levels_99_99")
+        out.append(f'<text x="{x0}" y="{y0 - 4}">{_e(_short(r["name"], 44))} — {r["sqnr_db"]:.1f} dB'
+                   f'{f", 99.99 % on {used} levels" if used else ""}</text>'
+                   f'<rect class="hist" x="{x0}" y="{y0}" width="{PW}" height="{PH}" fill="none" stroke="#ccc"/>'
+                   f'<path class="bins" d="{d}" fill="#2a6fdb"/>'
+                   f'<text x="{x0}" y="{y0 + PH + 13}" fill="#666">{lo:.3g}</text>'
+                   f'<text x="{x0 + PW}" y="{y0 + PH + 13}" text-anchor="end" fill="#666">{hi:.3g}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 # ---- the page --------------------------------------------------------------------------------------
 CSS = """
 body { font-family: sans-serif; font-size: 14px; margin: 24px; color: #222; max-width: 1180px; }
@@ -584,9 +626,9 @@ def render(report: dict, *, equalization: dict | None = None) -> str:
     rv = ranges_svg(layers)
     if rv:
         parts.append(rv)
-        parts.append('<p class="note">Ranges, not histograms: the calibration keeps only each activation\'s '
-                     '[min, max] (or the clipped range of its range method), so outliers against the 99.99th '
-                     'percentile cannot be checked from this build\'s data.</p>')
+    hv = histograms_svg(layers)
+    if hv:
+        parts.append(hv)
     if equalization and equalization.get("layers"):
         from .quant.dfq import to_svg
         svg = to_svg(equalization).decode()

@@ -158,6 +158,8 @@ def test_int8_html_tables_and_plots(fashion):
     assert p.svgs["ranges"]["range"] == worst and p.svgs["ranges"]["calibrated"] <= worst
     assert "equalization" in p.svgs                        # --equalize: dfq.to_svg inlined
     assert p.svgs["tradeoff"] == {"point": 2}               # no budget: int8 vs fp32, SQNR against size
+    hists = sum("histogram" in r for r in rep["layers"])
+    assert hists == 6 and p.svgs["histograms"] == {"hist": hists, "bins": hists}
     assert (q8 / "equalization.svg").exists()
     # --sensitivity: one ranked bar per quantizable layer; no budget, so no float layer to explain
     rows = rep["sensitivity"]["rows"]
@@ -319,6 +321,10 @@ def test_tradeoff_latency_columns_and_slow_int8_warnings_from_a_budget_report():
     assert "latency" in xlab and budget == 36.0
     assert pts[0] == (0.30, 33.0, "all int8") and pts[1] == (0.26, 36.5, "chosen: 1 float")
     assert pts[2][0] == 0.20 and pts[2][1] == float("inf")
+    layers[2].update(levels_99_99=9, range_source="calibrated (minmax)")     # outliers set c's range
+    assert [w for w in H.warnings_of(rep) if "outliers" in w] == [
+        "layer c: 99.99 % of its fp32 values fall on 9 of the 256 levels of its 8-bit grid: the calibrated "
+        "range is set by outliers (a clipping --calib-method, percentile or mse, would spend the levels on the values)"]
     slow = [w for w in H.warnings_of(rep) if "slower than float" in w]
     assert slow == ["layer a: its int8 kernel is slower than float (12.0 µs vs 6.0 µs, measured on x86)"]
     p = parse(H.render(rep))

@@ -14,6 +14,12 @@ float64 batch by batch, so no sample is kept after its batch. For the model outp
 the top-1 agreement (argmax over the last axis, per row) and, when the data has labels, the
 top-1 accuracy of both models.
 
+Activation histograms, on the same held-back data: each layer's fp32 values counted on the 256
+levels of its 8-bit grid (:func:`grid_histogram`); ``levels_99_99`` per layer is the narrowest
+window of levels holding 99.99 % of them (:func:`levels_holding`: fewer than ``OUTLIER_LEVELS``
+means the range was set by outliers), and the ``HIST_LAYERS`` layers with the lowest SQNR keep
+their whole histogram for the HTML report.
+
 Engines: the int8 model runs in :mod:`qcompiler.quant.reference` (the integer oracle the
 compiled kernels match bit for bit, tested in tests/codegen/test_x86_int8.py); the fp32 model is
 the graph the quantize pass started from, as it saw it after splitting fused residual blocks
@@ -52,6 +58,31 @@ FORMAT_VERSION = 1
 MEMORY_BUDGET = 256 << 20          # bytes of intermediate tensors per evaluation chunk
 MAX_CHUNK = 64                     # samples per evaluation chunk at most
 ROUND = 4                          # decimals kept for dB and ratios in the JSON
+HIST_LAYERS = 6                    # layers (lowest SQNR) whose activation histogram the report keeps
+OUTLIER_LEVELS = 26                # 99.99 % of values on fewer of the 256 levels: range set by outliers
+
+
+def grid_histogram(x: np.ndarray, qp) -> np.ndarray:
+    """How many values of the fp32 activation ``x`` land on each level of its 8-bit grid
+    (round(x / s) + z, clamped: the end levels also count the clipped values)."""
+    lo, hi = INT_RANGES[qp.storage]
+    s, z = float(qp.scale[0]), int(qp.zero_point[0])
+    q = np.clip(np.rint(np.asarray(x, np.float64).ravel() / s) + z, lo, hi).astype(np.int64) - lo
+    return np.bincount(q, minlength=hi - lo + 1)
+
+
+def levels_holding(hist: np.ndarray, share: float = 0.9999) -> int:
+    """The fewest consecutive levels holding ``share`` of the values (a sliding window over the
+    histogram; the width a range would need for them)."""
+    total = int(hist.sum())
+    if total == 0:
+        return 0
+    need = share * total
+    c = np.concatenate([[0], np.cumsum(hist)])
+    for w in range(1, len(hist) + 1):
+        if np.max(c[w:] - c[:-w]) >= need:
+            return w
+    return len(hist)
 
 # range_source of a layer: how its output params were set
 CALIBRATED, INHERITED, CONCAT = "calibrated", "input's params", "the Concat output's params"
@@ -251,11 +282,15 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict]) -> dict
     rows_seen = np.zeros(len(int8.outputs), np.int64)
     correct = {"fp32": 0, "int8": 0}
     n, labelled = 0, True
+    hist: dict[str, np.ndarray] = {}
     for feed, labels in chunks(data, _chunk_size(fp32, int8, batch), batch):
         fv = reference.run_values(fp32, feed)
         qv = reference.run_values(int8, feed)
         for row, q, f, qp in pairs:
             energy.add(row["value"], fv[f], dequantize(qv[q], qp) if qp is not None else qv[q])
+            if qp is not None and qp.scale is not None and len(qp.scale) == 1:
+                h = grid_histogram(fv[f], qp)
+                hist[row["value"]] = hist[row["value"]] + h if row["value"] in hist else h
         for i, (qo, fo) in enumerate(zip(int8.outputs, fp32.outputs)):
             r, x = fv[fo.name], qv[qo.name]
             energy.add("output:" + qo.name, r, x)
@@ -275,6 +310,12 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict]) -> dict
         row["sqnr_db"] = _round(energy.sqnr(row["value"]))
         if energy.noise.get(row["value"]) == 0.0:
             row["note"] = "exact (no error)"
+        if row["value"] in hist:
+            row["levels_99_99"] = levels_holding(hist[row["value"]])
+    ranked = sorted((r for r, *_ in pairs if r["value"] in hist and r["sqnr_db"] is not None),
+                    key=lambda r: r["sqnr_db"])
+    for row in ranked[:HIST_LAYERS]:                    # the fp32 values on the 8-bit grid of the worst layers
+        row["histogram"] = [int(c) for c in hist[row["value"]]]
     result: dict[str, Any] = {"samples": n, "outputs": []}
     for i, v in enumerate(int8.outputs):
         o = {"name": v.name, "sqnr_db": _round(energy.sqnr("output:" + v.name))}

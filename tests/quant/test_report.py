@@ -113,6 +113,36 @@ def test_layers_match_the_quantized_graph(built):
     assert sq[0] > 50 and min(sq) > 20
 
 
+def test_grid_histogram_and_levels_by_brute_force():
+    from qcompiler.ir.types import QuantParams
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.normal(0.0, 0.05, 100_000), [3.0, -2.5]])     # two outliers set the range
+    qp = QuantParams("uint8", (5.5 / 255,), (int(round(2.5 / (5.5 / 255))),))
+    h = R.grid_histogram(x, qp)
+    want = np.zeros(256, np.int64)
+    for v in x[::-1][:1000]:                                               # one value at a time (a slice)...
+        want[min(255, max(0, int(np.rint(v / qp.scale[0])) + qp.zero_point[0]))] += 1
+    assert R.grid_histogram(x[::-1][:1000], qp).tolist() == want.tolist()
+    want = np.bincount(np.clip(np.rint(x / qp.scale[0]) + qp.zero_point[0], 0, 255).astype(int), minlength=256)
+    assert h.tolist() == want.tolist() and h.sum() == x.size
+    best = min(w for w in range(1, 257) for a in range(0, 257 - w) if want[a:a + w].sum() >= 0.9999 * x.size)
+    assert R.levels_holding(h) == best < R.OUTLIER_LEVELS                 # the outliers waste the grid
+    assert R.levels_holding(np.ones(256, np.int64)) == 256 and R.levels_holding(np.zeros(256, np.int64)) == 0
+
+
+@needs_fashion
+def test_histograms_of_the_worst_layers(built):
+    rep = json.loads((built[0] / R.REPORT).read_text())
+    have = [r for r in rep["layers"] if "histogram" in r]
+    worst = sorted(rep["layers"], key=lambda r: r["sqnr_db"])[:R.HIST_LAYERS]
+    assert [r["name"] for r in have] == [r["name"] for r in rep["layers"] if r in worst]
+    for r in rep["layers"]:
+        assert 1 <= r["levels_99_99"] <= 256
+    for r in have:      # every held-back value of every sample counted once
+        assert len(r["histogram"]) == 256 and sum(r["histogram"]) == EVAL * int(np.prod(r["shape"][1:]))
+        assert R.levels_holding(np.array(r["histogram"])) == r["levels_99_99"]
+
+
 @needs_fashion
 def test_outputs_agree_with_an_independent_computation(built):
     """fp32 logits from onnxruntime on the original model, int8 logits from the compiled artifact."""
