@@ -1,5 +1,6 @@
-"""Compile progress: the stages of ``qcompile compile`` (import, passes, lower N kernels,
-tvm.compile, link, write) reported to whoever listens, as one line on a terminal.
+"""Compile progress: the stages of ``qcompile compile`` (passes, sensitivity N layers, layer sets
+evaluated by the selection, lower N kernels, tvm.compile, link, write) reported to whoever
+listens, as one line on a terminal (calibration has its own bar).
 
 The codegen calls :func:`report` at each step; it costs nothing when nobody listens. The CLI
 listens with a :class:`StageLine` for the length of a compile (``with listening(line): ...``)::
@@ -74,7 +75,7 @@ class StageLine:
         if total:
             filled = int(20 * min(done, total) / total)
             return f"{desc}: {stage} {done}/{total} [{'#' * filled}{' ' * (20 - filled)}] {elapsed:.1f} s"
-        return f"{desc}: {stage} {elapsed:.1f} s"
+        return f"{desc}: {stage}{f' {done}' if done else ''} {elapsed:.1f} s"
 
     def _draw(self, text: str) -> None:
         pad = max(0, self._width - len(text))

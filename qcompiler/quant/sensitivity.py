@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph
+from ..progress import report
 from . import reference
 
 Metric = Callable[[list[np.ndarray]], float]
@@ -190,6 +191,7 @@ class Sensitivity:
             outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
             self._cache[key] = self._combine(outs)
             self.evaluations += 1
+            report("evaluate layer sets", self.evaluations)
         return self._cache[key]
 
     def _run(self, g: Graph, i: int) -> list[np.ndarray]:
@@ -310,8 +312,8 @@ class Sensitivity:
         base, ref = self.scores(frozenset()), self.fp32
         rows = []
         for i, name in enumerate(self.candidates):
-            if progress:
-                self.log(f"sensitivity: {i + 1}/{len(self.candidates)} {name}")
+            if progress:        # the compile's progress line (a terminal only): one step per layer
+                report("sensitivity", i, len(self.candidates))
             a, b = self.only_int8(name), self.only_float(name)
             row = {"layer": name, "kind": self.kinds[name],
                    "sqnr_only_int8_db": _round(a.sqnr_db) if a else None,
@@ -329,6 +331,8 @@ class Sensitivity:
                 row["metric_drop_only_int8"] = _round(ref.metric - a.metric) if a else None
                 row["metric_drop_only_float"] = _round(ref.metric - b.metric)
             rows.append(row)
+        if progress:
+            report("sensitivity", len(self.candidates), len(self.candidates))
         rows.sort(key=lambda r: (-(r["gain_db"] if r["gain_db"] is not None else math.inf),
                                  r["sqnr_only_int8_db"] if r["sqnr_only_int8_db"] is not None else math.inf,
                                  r["layer"]))

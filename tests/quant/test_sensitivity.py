@@ -68,6 +68,20 @@ def test_table_equals_direct_computation():
     assert rows["add1"]["sqnr_only_int8_db"] is None and "quantized operand" in rows["add1"]["note"]
 
 
+def test_table_reports_progress_per_layer_and_per_evaluation():
+    from qcompiler.progress import StageLine, listening
+    seen = []
+    g, sens = build()
+    with listening(lambda *a: seen.append(a)):
+        sens.table(progress=True)
+    n = len(sens.candidates)
+    assert [d for s, d, t in seen if s == "sensitivity"] == list(range(n + 1))
+    assert all(t == n for s, _, t in seen if s == "sensitivity")
+    evals = [d for s, d, t in seen if s == "evaluate layer sets"]
+    assert evals == list(range(1, sens.evaluations + 1))        # every new layer set, all int8 first
+    assert StageLine.line("evaluate layer sets", 7, None, 1.25) == "compile: evaluate layer sets 7 1.2 s"
+
+
 def test_cached_prefix_run_is_exact():
     """Variants re-use the all-int8 run's values upstream of their float layers: bit for bit what
     the reference interpreter computes on the whole graph."""
