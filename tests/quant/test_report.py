@@ -71,6 +71,8 @@ def test_report_json_is_valid_listed_and_deterministic(built):
     rep = json.loads(raw)
     assert rep["format_version"] == R.FORMAT_VERSION
     assert raw == (out_q / R.REPORT).read_bytes()              # same inputs: identical bytes
+    for name in ("model.so", "model.qir", "report.html"):       # the int8 library too (reproducible build)
+        assert (out / name).read_bytes() == (out_q / name).read_bytes(), name
     m = json.loads((out / "manifest.json").read_text())
     assert m["files"][R.REPORT]["bytes"] == len(raw)
     import hashlib
