@@ -295,7 +295,7 @@ def test_chromium_renders_int8_and_fp32_reports(fashion, tmp_path):
         assert p.tables["layers"] == len(rep["layers"]) and p.tables["passes"] == len(rep["passes"])
         assert p.tags.get("svg", 0) == len(p.svgs) >= 1
         if rep["dtype"] == "int8":
-            assert {"sqnr", "size", "ranges", "equalization"} <= set(p.svgs)
+            assert {"sqnr", "size", "tradeoff", "ranges", "histograms", "equalization", "sensitivity"} <= set(p.svgs)
             assert p.svgs["sqnr"]["bar"] == len(rep["layers"])
         print(f"{out.name}: {ink:.3f} of the screenshot pixels dark, {len(p.svgs)} SVGs, "
               f"{p.tables['layers']} layer rows")
