@@ -80,7 +80,7 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                    help="samples the sensitivity and the budget are measured on (default 64)")
     q.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-layer range equalization before quantizing (Nagel et al. 2019; runs "
-                        "relu6-to-relu and equalize, writes OUT/equalization.svg and .json); "
+                        "relu6-to-relu, equalize and absorb-bias, writes OUT/equalization.svg and .json); "
                         "default: on with --per-tensor, off with per-channel weights")
     q.add_argument("--bias-correction", default=None, choices=("none", "analytic", "empirical"),
                    help="correct the mean output shift of the int8 weights: 'analytic' from the "
