@@ -184,6 +184,15 @@ def _short(name: str, n: int = 38) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------------
+def _svg_head(cls: str, W: int, H: int, title: str, *, font_size: int = 11, title_y: int = 16) -> list[str]:
+    """The opening of every plot: the ``<svg class="plot CLS">`` element, a white background and
+    the bold title (``title`` already escaped)."""
+    return [f'<svg class="plot {cls}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+            f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="{font_size}">',
+            f'<rect width="{W}" height="{H}" fill="white"/>',
+            f'<text x="10" y="{title_y}" font-size="14" font-weight="bold">{title}</text>']
+
+
 def sqnr_svg(layers: list[dict]) -> str:
     """Horizontal bars, one per layer with a measured SQNR; red below SQNR_WARN_DB."""
     rows = [r for r in layers if r.get("sqnr_db") is not None]
@@ -195,11 +204,8 @@ def sqnr_svg(layers: list[dict]) -> str:
     pw = W - L - 70
     H = T + len(rows) * BH + 30
     x = lambda db: L + max(db, 0.0) / top * pw                            # noqa: E731
-    out = [f'<svg class="plot sqnr" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="10" y="16" font-size="14" font-weight="bold">SQNR of each layer\'s output vs fp32 (dB, '
-           f'held-back data; red: below {SQNR_WARN_DB:g} dB)</text>']
+    out = _svg_head("sqnr", W, H, f'SQNR of each layer\'s output vs fp32 (dB, '
+           f'held-back data; red: below {SQNR_WARN_DB:g} dB)')
     for k in range(0, int(top) + 1, 10):
         out.append(f'<line x1="{x(k):.1f}" y1="{T - 6}" x2="{x(k):.1f}" y2="{T + len(rows) * BH}" stroke="#ddd"/>'
                    f'<text x="{x(k):.1f}" y="{T - 9}" text-anchor="middle">{k}</text>')
@@ -232,11 +238,8 @@ def sensitivity_svg(rows: list[dict], n: int = SENSITIVITY_ROWS) -> str:
     pw = W - L - 170
     H = T + len(rows) * BH + 30
     x = lambda db: L + max(db, 0.0) / top * pw                            # noqa: E731
-    out = [f'<svg class="plot sensitivity" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           '<text x="10" y="16" font-size="14" font-weight="bold">Sensitivity: output SQNR gained by keeping '
-           'only this layer float (dB vs all int8; ranked)</text>']
+    out = _svg_head("sensitivity", W, H, 'Sensitivity: output SQNR gained by keeping '
+           'only this layer float (dB vs all int8; ranked)')
     for i, r in enumerate(rows):
         y = T + i * BH
         g = r["gain_db"]
@@ -317,10 +320,7 @@ def tradeoff_svg(report: dict) -> str:
     y0, y1 = y0 - ypad, y1 + 2 * ypad                      # the top band holds "exact" (fp32)
     X = lambda v: L + (v - x0) / (x1 - x0) * (W - L - R)                      # noqa: E731
     Y = lambda v: T + (1 - ((y1 if not math.isfinite(v) else v) - y0) / (y1 - y0)) * (H - T - B)   # noqa: E731
-    out = [f'<svg class="plot tradeoff" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="10" y="16" font-size="14" font-weight="bold">Trade-off: {_e(ylab)} vs {_e(xlab)}</text>',
+    out = _svg_head("tradeoff", W, H, f'Trade-off: {_e(ylab)} vs {_e(xlab)}') + [
            f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#888"/>',
            f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#888"/>',
            f'<text x="{(L + W - R) / 2:.0f}" y="{H - 12}" text-anchor="middle">{_e(xlab)}</text>',
@@ -369,10 +369,7 @@ def size_svg(report: dict) -> str:
     top = max(b for _, b, _ in bars) or 1
     pw = W - L - 110
     H = T + len(bars) * BH + 12
-    out = [f'<svg class="plot size" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="10" y="18" font-size="14" font-weight="bold">Sizes (bytes; hatched: estimated)</text>',
+    out = _svg_head("size", W, H, 'Sizes (bytes; hatched: estimated)', font_size=12, title_y=18) + [
            '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
            'patternTransform="rotate(45)"><rect width="6" height="6" fill="#b0b0b0"/>'
            '<line x1="0" y1="0" x2="0" y2="6" stroke="white" stroke-width="2"/></pattern></defs>']
@@ -402,11 +399,8 @@ def ranges_svg(layers: list[dict]) -> str:
     L, W, RH, T = 300, 900, 42, 44
     pw = W - L - 40
     H = T + len(rows) * RH + 10
-    out = [f'<svg class="plot ranges" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="10" y="14" font-size="14" font-weight="bold">Activation ranges of the {len(rows)} layers '
-           'with the lowest SQNR</text>',
+    out = _svg_head("ranges", W, H, f'Activation ranges of the {len(rows)} layers '
+           'with the lowest SQNR', title_y=14) + [
            f'<rect x="{L}" y="22" width="10" height="10" fill="#c8c8c8"/><text x="{L + 14}" y="31">'
            'representable by the 8-bit grid</text>'
            f'<rect x="{L + 200}" y="22" width="10" height="10" fill="#2a6fdb"/><text x="{L + 214}" y="31">'
@@ -443,11 +437,8 @@ def histograms_svg(layers: list[dict]) -> str:
     cols, PW, PH, L, T = 2, 420, 110, 20, 34
     W = L + cols * (PW + 20)
     H = T + -(-len(rows) // cols) * (PH + 44)
-    out = [f'<svg class="plot histograms" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="10" y="16" font-size="14" font-weight="bold">Activation histograms of the {len(rows)} '
-           'layers with the lowest SQNR: fp32 values on the 256 levels of the 8-bit grid (log count)</text>']
+    out = _svg_head("histograms", W, H, f'Activation histograms of the {len(rows)} '
+           'layers with the lowest SQNR: fp32 values on the 256 levels of the 8-bit grid (log count)')
     for i, r in enumerate(rows):
         h = r["histogram"]
         x0, y0 = L + (i % cols) * (PW + 20), T + (i // cols) * (PH + 44) + 14
