@@ -308,10 +308,10 @@ def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.
     [(the IR ops fused into it, median ms)] in emission order."""
     import tvm
     from ..codegen.fusion import plan
-    from ..codegen.lower import _Lowering
+    from ..codegen.lower import _Lowering, tvm_compile
     low = _Lowering(graph, spec)
     mod = low.run()
-    ex = tvm.compile(mod, target=tvm.target.Target(spec.tvm))
+    ex = tvm_compile(mod, spec)
     lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
     dev = tvm.cpu()
     order = {op: i for i, op in enumerate(graph.ops)}
