@@ -8,7 +8,8 @@ For every model, on the same calibration samples and on separate evaluation samp
 
 * qcompiler: ``qcompile MODEL --dtype int8 --calib CALIB.npz`` (the CLI itself, default options:
   MinMax ranges, per-channel int8 weights, uint8 activations, bias correction), then the compiled
-  ``model.so`` run sample by sample;
+  ``model.so`` run sample by sample; for latency also ``qcompile MODEL --dtype fp32`` (the same
+  default passes and x86 host target), our own float build, and the ratio int8/fp32 (ours);
 * ONNX Runtime: ``quant_pre_process`` then ``quantize_static`` (QDQ format, per_channel=True,
   QUInt8 activations, QInt8 weights, MinMax) fed the same calibration samples, run in ORT;
 * fp32: ONNX Runtime on the original model, the reference for both.
@@ -16,7 +17,7 @@ For every model, on the same calibration samples and on separate evaluation samp
 Accuracy: output SQNR 10 log10(Σ ref² / Σ (ref - int8)²) over all evaluation outputs, top-1
 agreement with fp32 (argmax of each sample's output), and top-1 accuracy where labels exist.
 Latency: batch 1, 2 threads (TVM_NUM_THREADS=2; ORT intra_op_num_threads=2), the median over
-``--rounds`` interleaved rounds (qcompiler, ORT int8, ORT fp32) of the median of ``--iters`` runs;
+``--rounds`` interleaved rounds (qcompiler int8, qcompiler fp32, ORT int8, ORT fp32) of the median of ``--iters`` runs;
 the VM function is called on prepared tensors, ORT's ``run`` on numpy feeds. Spinning: idle worker
 threads of neither engine busy-wait (TVM_THREAD_POOL_SPIN_COUNT=0, ORT
 session.intra_op.allow_spinning=0). With spinning on, the threads one engine leaves spinning take
@@ -140,16 +141,19 @@ def make_cases(names: list[str], n_calib: int, n_eval: int, det_size: int) -> li
 
 
 # ---- the three engines ------------------------------------------------------------------------------
-def build_qcompiler(case: Case, tmp: Path) -> tuple[object, float]:
-    """The int8 artifact exactly as the CLI builds it (in a child process, so that the compiler's
-    threads and memory stay out of the timings); returns (loaded model, build seconds)."""
+def build_qcompiler(case: Case, tmp: Path, dtype: str = "int8") -> tuple[object, float]:
+    """The artifact exactly as the CLI builds it (in a child process, so that the compiler's
+    threads and memory stay out of the timings): ``--dtype int8`` calibrated on the case's
+    samples, or ``--dtype fp32`` (same default passes, same x86 host target); returns (loaded
+    model, build seconds)."""
     from qcompiler.runtime import load
-    calib = tmp / f"{case.name}_calib.npz"
-    np.savez(calib, **{case.input: case.calib})
-    out = tmp / f"{case.name}_int8"
-    argv = [case.path, "--dtype", "int8", "--calib", str(calib), "--calib-samples", str(len(case.calib)),
-            "--eval-samples", "0", "--input-shape", f"{case.input}=" + "x".join(map(str, case.shape)),
+    out = tmp / f"{case.name}_{dtype}"
+    argv = [case.path, "--dtype", dtype, "--input-shape", f"{case.input}=" + "x".join(map(str, case.shape)),
             "-o", str(out), "-q"]
+    if dtype == "int8":
+        calib = tmp / f"{case.name}_calib.npz"
+        np.savez(calib, **{case.input: case.calib})
+        argv += ["--calib", str(calib), "--calib-samples", str(len(case.calib)), "--eval-samples", "0"]
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "qcompiler.cli", *argv], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
@@ -217,6 +221,7 @@ def ort_session(path: str, threads: int, spin: bool):
 def bench(case: Case, tmp: Path, rounds: int, iters: int, threads: int, spin: bool = False) -> dict:
     import tvm
     ours, ours_build_s = build_qcompiler(case, tmp)
+    ours32, _ = build_qcompiler(case, tmp, "fp32")
     ort_q_path, ort_build_s = build_ort_int8(case, tmp)
     fp32, ort_q = ort_session(case.path, threads, spin), ort_session(ort_q_path, threads, spin)
 
@@ -235,9 +240,10 @@ def bench(case: Case, tmp: Path, rounds: int, iters: int, threads: int, spin: bo
 
     x = case.eval[:1]
     args = [tvm.runtime.tensor(x)]
-    f = ours._main
+    f, f32 = ours._main, ours32._main
     feeds = {case.input: x}
-    runs = {"ours": lambda: f(*args), "ort_int8": lambda: ort_q.run(None, feeds), "fp32": lambda: fp32.run(None, feeds)}
+    runs = {"ours": lambda: f(*args), "ours_fp32": lambda: f32(*args), "ort_int8": lambda: ort_q.run(None, feeds),
+            "fp32": lambda: fp32.run(None, feeds)}
     for fn in runs.values():                     # warm up
         for _ in range(3):
             fn()
@@ -277,8 +283,8 @@ def main(argv=None) -> int:
     print(f"int8 vs fp32, batch 1, {a.threads} threads; qcompiler = qcompile --dtype int8 (x86 model.so), "
           "ORT int8 = quantize_static QDQ per-channel MinMax; SQNR and top-1 agreement against ORT fp32")
     hdr = (f"{'model':18s} {'calib/eval':>10s} {'SQNR dB ours':>12s} {'ORT':>6s} {'agree ours':>10s} {'ORT':>6s} "
-           f"{'top-1 fp32/ours/ORT %':>22s} {'ours ms':>8s} {'ORT8 ms':>8s} {'ORT32 ms':>8s} "
-           f"{'/ORT8':>6s} {'/ORT32':>6s} {'build s':>7s}")
+           f"{'top-1 fp32/ours/ORT %':>22s} {'ours ms':>8s} {'ours fp32 ms':>12s} {'ORT8 ms':>8s} {'ORT32 ms':>8s} "
+           f"{'int8/fp32 (ours)':>16s} {'/ORT8':>6s} {'/ORT32':>6s} {'build s':>7s}")
     print(hdr)
     print("-" * len(hdr))
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
@@ -292,8 +298,8 @@ def main(argv=None) -> int:
                      else f"{'-':>10s} {'-':>6s}")
             acc = ("/".join(f"{100 * r['acc'][k]:.2f}" for k in ("fp32", "ours", "ort")) if "acc" in r else "-")
             print(f"{c.name:18s} {r['n_calib']:>4d}/{r['n_eval']:<5d} {r['ours_db']:12.2f} {r['ort_db']:6.2f} "
-                  f"{agree} {acc:>22s} {r['ours_ms']:8.3f} {r['ort_int8_ms']:8.3f} {r['fp32_ms']:8.3f} "
-                  f"{r['ours_ms'] / r['ort_int8_ms']:6.2f} {r['ours_ms'] / r['fp32_ms']:6.2f} {r['build_s']:7.1f}",
+                  f"{agree} {acc:>22s} {r['ours_ms']:8.3f} {r['ours_fp32_ms']:12.3f} {r['ort_int8_ms']:8.3f} "
+                  f"{r['fp32_ms']:8.3f} {r['ours_ms'] / r['ours_fp32_ms']:16.2f} {r['ours_ms'] / r['ort_int8_ms']:6.2f} {r['ours_ms'] / r['fp32_ms']:6.2f} {r['build_s']:7.1f}",
                   flush=True)
     print("data: " + "; ".join(f"{c.name}: {c.data}" for c in cases))
     return 0
