@@ -280,12 +280,16 @@ def run_pipeline(graph, args, log, evaluation=None):
     if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
         pipeline.insert(pipeline.index("quantize") if "quantize" in pipeline else len(pipeline), "prune")
     quantizing = "quantize" in pipeline
+    if (quantizing or prune_opts is not None) and "encode-sparse" not in pipeline:
+        pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
     equalize = args.equalize if args.equalize is not None else quantizing and equalize_default(not args.per_tensor)
     bias = args.bias_correction or ("empirical" if quantizing else "none")
     pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
     ctx = PassContext(log=log)
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts
+    from .passes.encode_sparse import EncodeSparseOptions
+    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=getattr(args, "sparse_objective", "time"))
     from .quant import mixed
     req = mixed.Request(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                         args.sensitivity, args.sensitivity_samples)
@@ -484,12 +488,11 @@ def _cmd_compile(args, log) -> int:
                     r["sparsity"], manifest["library"]["bytes"], sparse_report.building_library(args.output))}
             done["report"] = {**r, "warnings": report_html.warnings_of(r)}
         return done["report"]
-    if quantized or "sparsity" in g.meta:                       # pruned, or detect sparsity already there
+    if "sparsity" in g.meta:                     # the encode-sparse pass ran (int8, or pruned fp32)
         from .sparse import report as sparse_report
         rep["sparsity"] = sparse_report.sparsity_section(
             g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
-            pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation,
-            objective=getattr(args, "sparse_objective", "time"))
+            pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
     eq = g.meta.get("equalize")
     extra[report.REPORT] = lambda m: report.to_json(full_report(m))
     extra[report_html.HTML_NAME] = lambda m: report_html.render(

@@ -32,7 +32,6 @@ import struct
 from pathlib import Path
 
 from ..ir.graph import Graph
-from ..passes.encode_sparse import decide
 from ..passes.prune import summarize
 
 
@@ -68,12 +67,13 @@ def elf_sizes(path: str | Path) -> dict[str, int]:
 
 
 def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp32: Graph | None = None,
-                     data=None, objective: str = "time") -> dict:
-    """The report's ``sparsity`` dict for the final ``graph``. Runs the encode-sparse decision, whose
-    record (``format`` per layer, for ``objective``) the lowering reads to pick sparse kernels."""
-    from ..passes.encode_sparse import EncodeSparseOptions
+                     data=None) -> dict:
+    """The report's ``sparsity`` dict for the final ``graph``: it reads (never makes) the decision the
+    ``encode-sparse`` pass recorded in ``graph.meta["sparsity"]``, the one the lowering builds from."""
     from ..quant.report import _round, evaluate
-    rec = decide(graph, EncodeSparseOptions(objective=objective))
+    rec = graph.meta.get("sparsity") or {"layers": {}}
+    encoded = [r["encoding"] for r in rec["layers"].values() if "encoding" in r]
+    objective = encoded[0]["objective"] if encoded else "time"
     rows, dense_total, enc_total, stored_total = [], 0, 0, 0
     for name, r in rec["layers"].items():
         e = r.get("encoding")
