@@ -509,7 +509,7 @@ def _cmd_compile(args, log) -> int:
         from .quant.layer_cost import format_text as latency_text
         print(latency_text(done["report"].get("latency")), end="")
         sec = done["report"].get("sparsity")
-        if sec and any(r["pruned"] or r["format"] != "dense" for r in sec["layers"]):   # else: nothing to say
+        if sec and sparse_report.worth_showing(sec["layers"]):                        # else: nothing to say
             print("\n".join(sparse_report.format_lines(sec)))
     log(f"wrote {out} ({spec.family}, {spec.dtype}) in {time.perf_counter() - t0:.1f} s")
     return 0

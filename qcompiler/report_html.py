@@ -51,6 +51,8 @@ import math
 from html import escape
 from typing import Any
 
+from .sparse.report import worth_showing
+
 SQNR_WARN_DB = 20.0              # below this a layer's output has lost most of 8 bits of precision
 AGREEMENT_WARN = 0.99
 WORST_LAYERS = 8                 # activation-range plot: this many layers with the lowest SQNR
@@ -480,7 +482,7 @@ def _layer_table(report: dict) -> str:
     else:
         head = ["#", "layer", "op", "output shape", "precision"]
     sparse = {r["name"]: r for r in (report.get("sparsity") or {}).get("layers", [])}
-    if not any(r["sparsity"] >= 0.05 or r["pruned"] or r["format"] != "dense" for r in sparse.values()):
+    if not worth_showing(sparse.values(), min_zeros=0.05):
         sparse = {}                                  # nothing worth a column
     lat = {r["layer"]: r for r in (report.get("latency") or {}).get("layers", [])}
     head += ["weights zero"] * bool(sparse) + ["int8 / float µs"] * bool(lat)

@@ -141,6 +141,13 @@ def with_library(sec: dict, library_bytes: int, library: str | Path | None = Non
                 "unchanged"}}
 
 
+def worth_showing(layers, min_zeros: float | None = None) -> bool:
+    """Whether the sparsity rows say anything: a layer pruned, or stored in a sparse format, or (with
+    ``min_zeros``, the report's weight column) holding at least that share of zero weights."""
+    return any(r["pruned"] or r["format"] != "dense" or (min_zeros is not None and r["sparsity"] >= min_zeros)
+               for r in layers)
+
+
 def format_lines(sec: dict) -> list[str]:
     """A few lines for the text report."""
     pruned = f", {100 * sec['pruned_sparsity']:.1f} % of the pruned layers'" if sec.get("pruned_sparsity") else ""
