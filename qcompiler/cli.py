@@ -68,16 +68,22 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                    help="make this op integer even if --keep-float names its type or the budget would "
                         "keep it float (repeatable; an op with no integer kernel is an error)")
     q.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
-                   help="budget: keep the fewest layers float so that the output SQNR vs fp32 on the "
-                        "calibration samples is at least DB (greedy with re-evaluation, then pruned)")
+                   help="budget: keep the fewest layers float so that the output SQNR vs fp32 is at least "
+                        "DB at the --budget-confidence bootstrap lower bound over the first "
+                        "--sensitivity-samples calibration samples (greedy with re-evaluation, then pruned)")
     q.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
                    help="budget: keep the fewest layers float so that top-1 accuracy on the labelled "
-                        "--eval data drops at most POINTS percentage points vs fp32")
+                        "--eval data drops at most POINTS percentage points vs fp32 (bootstrap upper bound)")
     q.add_argument("--sensitivity", action="store_true",
                    help="measure and report the per-layer sensitivity table (only-this-int8 / "
                         "only-this-float SQNR, KL, RMSE) even without a budget")
     q.add_argument("--sensitivity-samples", type=int, default=64, metavar="N",
                    help="samples the sensitivity and the budget are measured on (default 64)")
+    q.add_argument("--budget-confidence", type=float, default=0.95, metavar="C",
+                   help="the budget must hold with confidence C for data like the selection samples: "
+                        "percentile bootstrap over the samples (1000 resamples, fixed seed) of the dataset "
+                        "SQNR 10 log10(sum signal / sum noise) or of the accuracy drop (default 0.95; "
+                        "0: the point estimate on the selection samples, which held-back data often misses)")
     q.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-layer range equalization before quantizing (Nagel et al. 2019; runs "
                         "relu6-to-relu, equalize and absorb-bias, writes OUT/equalization.svg and .json); "
@@ -292,7 +298,7 @@ def run_pipeline(graph, args, log, evaluation=None):
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=getattr(args, "sparse_objective", "time"))
     from .quant import mixed
     req = mixed.Request(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
-                        args.sensitivity, args.sensitivity_samples)
+                        args.sensitivity, args.sensitivity_samples, confidence=args.budget_confidence)
     if req.active and "quantize" not in pipeline:
         raise UserError("--min-sqnr/--max-accuracy-drop/--force-int8/--sensitivity need quantization",
                         "--dtype", "add --dtype int8 (or the quantize pass)")

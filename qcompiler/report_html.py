@@ -272,10 +272,19 @@ def _mixed_sections(report: dict) -> list[str]:
             u = sel.get("unit", "dB")
             b = (f"accuracy drop at most {sel['budget_points']:g} points" if "budget_points" in sel
                  else f"output SQNR at least {sel['budget']:g} dB")
-            parts.append(f'<p class="note">Budget: {_e(b)}; {"met" if sel.get("met") else "NOT met"} with '
+            from .quant.mixed import criterion_text
+            held = sel.get("evaluation") or {}
+            hb = ("" if "met" not in held else
+                  f' On the {held.get("samples")} evaluation samples ({"held back" if held.get("held_back") else "NOT held back"}): '
+                  + (f'accuracy drop {held["accuracy_drop_points"]:.2f} points' if "accuracy_drop_points" in held else
+                     'output SQNR ' + ", ".join("—" if d is None else f"{d:.2f}" for d in held.get("output_sqnr_db", []))
+                     + " dB") + f', budget {"met" if held["met"] else "NOT met"}.')
+            pt = (f' Point estimate on the {_e(sel.get("samples"))} selection samples: {_e(sel.get("point"))} {_e(u)} '
+                  f'(all int8: {_e(sel.get("baseline_point"))} {_e(u)}).' if "point" in sel and criterion_text(sel) else "")
+            parts.append(f'<p class="note">Budget: {_e(b)}{_e(criterion_text(sel))}; {"met" if sel.get("met") else "NOT met"} with '
                          f'{len(sel.get("float_layers", []))} float layer(s): {_e(sel.get("score"))} {_e(u)} '
                          f'(all int8: {_e(sel.get("baseline"))} {_e(u)}; {_e(sel.get("evaluations"))} '
-                         'evaluations, greedy with re-evaluation, then pruned).</p>')
+                         f'evaluations, greedy with re-evaluation, then pruned).{pt}{_e(hb)}</p>')
         reasons = sel.get("float_layer_reasons", {})
         parts.append(_table("float-reasons", ["layer", "why float"], [[k, v] for k, v in reasons.items()])
                      if reasons else '<p class="note">none: every quantizable layer is int8</p>')
@@ -295,7 +304,7 @@ def tradeoff_points(report: dict) -> tuple[str, str, list[tuple[float, float, st
         pts = [p for p in pts if (p[0], p[1]) != chosen]           # the last step is the chosen set
         pts.append((*chosen, f"chosen: {len(sel['float_layers'])} float"))
         pts.append((lat["float_latency_ms"], math.inf, "all float (exact)"))
-        return "predicted latency (ms, per-layer kernels + Q/DQ)", "output SQNR (dB, selection samples)", pts, \
+        return "predicted latency (ms, per-layer kernels + Q/DQ)", "output SQNR (dB, selection samples; the budget's bound)", pts, \
             sel.get("budget") if sel.get("unit", "dB") == "dB" else None
     sz, outs = report.get("size", {}), (report.get("evaluation") or {}).get("outputs", [])
     sq = outs[0].get("sqnr_db") if outs else None

@@ -41,6 +41,7 @@ class Request:
     samples: int = 64
     shortlist: int | None = 8
     max_evaluations: int | None = None     # None: 2 per candidate layer + 40 (each search)
+    confidence: float = 0.95               # the budget holds at this bootstrap lower bound; 0: point estimate
 
     @property
     def active(self) -> bool:
@@ -64,6 +65,9 @@ class Request:
         if self.samples < 1:
             raise UserError(f"--sensitivity-samples must be positive, got {self.samples}",
                             "--sensitivity-samples", "give e.g. 64")
+        if not (0 <= self.confidence < 1) or (0 < self.confidence < 0.5):
+            raise UserError(f"--budget-confidence must be 0 (point estimate) or in [0.5, 1), got {self.confidence}",
+                            "--budget-confidence", "give e.g. 0.95 (the default), or 0 for the point estimate")
 
 
 def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
@@ -150,20 +154,13 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
     sens = Sensitivity(graph, opts, data, metric=metric, log=log)
     cands = [c for c in sens.candidates if c not in forced]
     base = sens.scores(frozenset())
-    ref = sens.fp32
     if req.sensitivity:
         parts["sensitivity"] = {"samples": n, "data": where, "rows": sens.table(progress=True),
                                 "all_int8": base.to_json()}
     reasons = {}
     if req.budget is not None:
-        if accuracy:
-            def evaluate(S):
-                return -100.0 * (ref.accuracy - sens.scores(S).accuracy)
-            unit = "points"
-        else:
-            def evaluate(S):
-                return sens.scores(S).sqnr_db
-            unit = "dB"
+        point, evaluate, criterion = _criterion(sens, accuracy, req.confidence, n)
+        unit = "points" if accuracy else "dB"
         prior = ([r["layer"] for r in parts["sensitivity"]["rows"]] if "sensitivity" in parts else sens.prior())
         cap = req.max_evaluations if req.max_evaluations is not None else 2 * len(cands) + 40
         kw = dict(shortlist=req.shortlist, prior=prior, unit=unit, groups=sens.groups(), max_evaluations=cap)
@@ -186,6 +183,8 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
         reasons.update(sel.reasons())
         js = sel.to_json()
         js.update(kind="min-sqnr" if not accuracy else "max-accuracy-drop", data=where, samples=n,
+                  criterion=criterion, point=round(point(frozenset(sel.float_layers)), 4),
+                  baseline_point=round(point(frozenset()), 4),
                   candidates=len(cands), forced_int8=sorted(forced),
                   scores=sens.scores(frozenset(sel.float_layers)).to_json(), all_int8=base.to_json(),
                   max_evaluations=cap, **alternatives)
@@ -193,7 +192,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
             js["budget_points"] = req.max_accuracy_drop
         parts["selection"] = js
         log(f"selection: {len(sel.float_layers)} float layer(s) for {'SQNR' if not accuracy else 'accuracy'} "
-            f"budget {req.budget:g} {unit}: {sel.score:.2f} {unit} (all int8: {sel.baseline:.2f}); "
+            f"budget {req.budget:g} {unit}: {criterion['name']} {sel.score:.2f} {unit} (all int8: {sel.baseline:.2f}); "
             f"{sel.evaluations} evaluations")
     parts.setdefault("selection", {"budget": None, "met": None, "float_layers": []})
     parts["selection"]["user_keep_float"] = sorted(keep)
@@ -201,6 +200,33 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
     opts = replace(opts, ranges={**sens.ranges, **opts.ranges},
                    bias_correction=opts.bias_correction and sens.bias_correction)
     return opts, parts
+
+
+def _criterion(sens, accuracy: bool, confidence: float, n: int):
+    """(point estimate, the score the budget is checked on, its description) as functions of the
+    float set: the 1 - confidence bootstrap lower bound of the output SQNR (or minus the upper
+    bound of the accuracy drop) over the selection samples, or the point estimate itself when
+    confidence is 0 or the outputs have no per-sample axis (see :mod:`qcompiler.quant.select`)."""
+    from .select import RESAMPLES, Bootstrap
+    ref = sens.fp32
+
+    def point(S):
+        s = sens.scores(S)
+        return -100.0 * (ref.accuracy - s.accuracy) if accuracy else s.sqnr_db
+    base = sens.per_sample(frozenset())
+    if confidence == 0 or base is None or (accuracy and base.correct is None):
+        why = "requested (--budget-confidence 0)" if confidence == 0 else "the outputs have no per-sample axis"
+        return point, point, {"name": "point estimate", "why": why}
+    bs = Bootstrap(n, RESAMPLES, level=1.0 - confidence, seed=0)
+
+    def bound(S):
+        p = sens.per_sample(S)
+        if accuracy:
+            return -bs.accuracy_drop(p.fp32_correct, p.correct)
+        return bs.sqnr_db(p.signal, p.noise)
+    return point, bound, {"name": "bootstrap bound", "confidence": confidence, "resamples": RESAMPLES,
+                          "seed": 0, "what": ("upper bound of the accuracy drop" if accuracy else
+                                              "lower bound of the output SQNR, 10 log10(Σ signal / Σ noise)")}
 
 
 def float_reasons(int8: Graph, parts: dict, keep_float) -> dict[str, str]:
@@ -228,10 +254,12 @@ def format_selection(sel: dict, reasons: dict[str, str]) -> str:
         u = sel.get("unit", "dB")
         b = f"max accuracy drop {sel['budget_points']:g} points" if "budget_points" in sel else \
             f"min SQNR {sel['budget']:g} dB"
-        lines.append(f"selection ({b}, on {sel['samples']} samples of the {sel['data']}): "
+        lines.append(f"selection ({b}{criterion_text(sel)}, on {sel['samples']} samples of the {sel['data']}): "
                      f"{'met' if sel['met'] else 'NOT met'}, {sel['score']} {u} with "
                      f"{len(sel['float_layers'])} float layer(s) (all int8: {sel['baseline']} {u}; "
                      f"{sel['evaluations']} evaluations)")
+        if sel.get("criterion", {}).get("name") == "bootstrap bound":
+            lines.append(f"  point estimate on those samples: {sel['point']} {u} (all int8: {sel['baseline_point']} {u})")
     if "chosen" in sel:
         a, f = sel["accuracy_only"], sel["latency_aware"]
         lines.append(f"  accuracy-only search: {len(a['float_layers'])} float layer(s), predicted {a['predicted_ms']:.3f} ms; "
@@ -242,6 +270,14 @@ def format_selection(sel: dict, reasons: dict[str, str]) -> str:
         w = min(max(len(n) for n in reasons), 48)
         lines += [f"  {n:<{w}}  {r}" for n, r in reasons.items()]
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def criterion_text(sel: dict) -> str:
+    """', at the 95 % bootstrap lower bound' (or upper bound of the drop), or '' (point estimate)."""
+    c = sel.get("criterion") or {}
+    if c.get("name") != "bootstrap bound":
+        return ""
+    return f", at the {100 * c['confidence']:g} % bootstrap {'upper bound' if 'budget_points' in sel else 'lower bound'}"
 
 
 def report_parts(int8: Graph, parts: dict, opts, rep: dict) -> dict:

@@ -65,6 +65,18 @@ class Scores:
         return {k: _round(v) for k, v in asdict(self).items()}
 
 
+@dataclass(frozen=True)
+class PerSample:
+    """Per-sample energies of one variant against fp32: ``signal[i] = Σ r²``, ``noise[i] = Σ (y - r)²``
+    over every output of sample i (so ``SQNR = 10 log10(Σ signal / Σ noise)``); with labels,
+    ``correct[i]`` / ``fp32_correct[i]``: top-1 of the first output right (1) or not (0), the share of
+    its rows when a sample has several (so their mean is :attr:`Scores.accuracy`)."""
+    signal: np.ndarray
+    noise: np.ndarray
+    correct: np.ndarray | None = None
+    fp32_correct: np.ndarray | None = None
+
+
 def _round(x, nd: int = 4):
     if x is None:
         return None
@@ -164,6 +176,7 @@ class Sensitivity:
         self.candidates = [n for n, v in layers.items() if v["precision"] == "int8" and "method" in v]
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
         self._cache: dict[frozenset, Scores] = {}
+        self._per_sample: dict[frozenset, "PerSample | None"] = {}
         self._int8_alone: dict[frozenset, bool] = {}
         self.evaluations = 0
 
@@ -190,6 +203,7 @@ class Sensitivity:
             self._int8_alone[key] = layers
             outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
             self._cache[key] = self._combine(outs)
+            self._per_sample[key] = self._split(outs)
             self.evaluations += 1
             report("evaluate layer sets", self.evaluations)
         return self._cache[key]
@@ -225,6 +239,36 @@ class Sensitivity:
                 if last.get(v.name) == k and v.name not in outputs and not v.is_const:
                     env.pop(v.name, None)
         return [env[v.name] for v in g.outputs]
+
+    def per_sample(self, float_set: Iterable[str]) -> "PerSample | None":
+        """Per-sample signal and noise energies (and top-1 correctness with labels) of the build with
+        ``float_set`` float: what :mod:`qcompiler.quant.select`'s bootstrap bound resamples. None
+        when an output has no leading sample axis (its rows cannot be told apart)."""
+        key = frozenset(float_set)
+        self.scores(key)
+        return self._per_sample[key]
+
+    def _split(self, outs: list[list[np.ndarray]]) -> "PerSample | None":
+        """Σ r² and Σ (y - r)² over every output of each sample (rows of the leading axis)."""
+        sig, noise, correct, ref_correct = [], [], [], []
+        for (feed, labels), r, y in zip(self.data, self.ref, outs):
+            n = len(next(iter(feed.values())))
+            if any(np.ndim(a) == 0 or np.shape(a)[0] != n for a in (*r, *y)):
+                return None
+            rr = [np.asarray(a, np.float64).reshape(n, -1) for a in r]
+            yy = [np.asarray(a, np.float64).reshape(n, -1) for a in y]
+            sig.append(sum(np.sum(a * a, axis=1) for a in rr))
+            noise.append(sum(np.sum((b - a) ** 2, axis=1) for a, b in zip(rr, yy)))
+            first_r, first_y = np.asarray(r[0]), np.asarray(y[0])
+            if labels is not None and first_y.ndim >= 2 and first_y.shape[:-1] == np.shape(labels) \
+                    and first_y.shape[-1] > 1:
+                rows = (n, -1)                         # the share of a sample's rows that are right
+                correct.append(np.mean((first_y.argmax(-1) == labels).reshape(rows), axis=1))
+                ref_correct.append(np.mean((first_r.argmax(-1) == labels).reshape(rows), axis=1))
+        have = len(correct) == len(self.data)
+        return PerSample(np.concatenate(sig), np.concatenate(noise),
+                         np.concatenate(correct).astype(np.float64) if have else None,
+                         np.concatenate(ref_correct).astype(np.float64) if have else None)
 
     def _combine(self, outs: list[list[np.ndarray]]) -> Scores:
         ref = [np.concatenate([r[i] for r in self.ref]) for i in range(len(self.ref[0]))]

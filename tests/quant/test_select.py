@@ -7,10 +7,11 @@ meets it" to "every outlier layer must be float"."""
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.quant.select import brute_force, select_float_layers
+from qcompiler.quant.select import Bootstrap, brute_force, select_float_layers
 from qcompiler.quant.sensitivity import Sensitivity
 
 from mixed_models import feeds, outlier_mlp
@@ -22,25 +23,36 @@ def sensitivity(severity, seed=0):
     return Sensitivity(g, opts, [({"x": feeds(64, 2)}, None)])
 
 
-def exhaustive(sens):
-    """score of every subset of the candidates (evaluated once, memoized by Sensitivity)."""
+def exhaustive(sens, criterion="point"):
+    """score of every subset of the candidates (evaluated once, memoized by Sensitivity): the
+    point SQNR or the 95 % bootstrap lower bound (the CLI's default criterion)."""
     c = sens.candidates
-    return {frozenset(s): sens.scores(frozenset(s)).sqnr_db
-            for k in range(len(c) + 1) for s in itertools.combinations(c, k)}
+    bs = Bootstrap(64)
+
+    def score(S):
+        if criterion == "point":
+            return sens.scores(S).sqnr_db
+        p = sens.per_sample(S)
+        return bs.sqnr_db(p.signal, p.noise)
+    return {frozenset(s): score(frozenset(s)) for k in range(len(c) + 1) for s in itertools.combinations(c, k)}
 
 
 def minimal_size(table, budget):
     return min((len(s) for s, v in table.items() if v >= budget), default=None)
 
 
+@pytest.mark.parametrize("criterion", ["point", "bootstrap"])
 @pytest.mark.parametrize("severity,seed", [({"g2": 60, "g4": 25, "g5": 8}, 0),
                                            ({"g1": 40, "g3": 40, "g6": 15}, 1),
                                            ({"g2": 30, "g4": 30, "g5": 30, "g6": 30}, 2)])
-def test_greedy_prune_as_small_as_brute_force(severity, seed):
+def test_greedy_prune_as_small_as_brute_force(severity, seed, criterion):
+    """Under either criterion (the point SQNR, or its bootstrap lower bound that the CLI checks)."""
     sens = sensitivity(severity, seed)
     assert len(sens.candidates) == 8 and {"add1", "add2"} <= set(sens.candidates)   # from the plan
     assert frozenset({"g1", "g2", "add1"}) in sens.groups()            # h1 feeds g2 and the residual add1
-    table = exhaustive(sens)
+    table = exhaustive(sens, criterion)
+    if criterion == "bootstrap":         # a lower bound: below the point estimate for every set
+        assert all(v <= sens.scores(s).sqnr_db + 1e-9 for s, v in table.items())
     plain = table[frozenset()]
     finite = sorted({round(v, 6) for v in table.values() if math.isfinite(v)})
     # budgets: just above plain int8, and between consecutive achievable scores up to the best
@@ -111,6 +123,30 @@ def test_cost_prefers_the_cheaper_set_of_the_same_size():
     score2 = cover({"a": {1, 2}, "b": {1}}, {1: 5, 2: 1})
     sel = select_float_layers(score2, ["a", "b"], 4, cost=lambda S: sum({"a": 5, "b": 1}[n] for n in S))
     assert sel.float_layers == ("b",)
+
+
+def test_bootstrap_bound_against_numpy():
+    """The bound is the 5th percentile of the resampled dataset SQNR, recomputed here resample by
+    resample with numpy's own draws; equal ratios everywhere give a bound equal to the point value;
+    the accuracy drop's bound is the 95th percentile of the resampled drop."""
+    rng = np.random.default_rng(3)
+    n = 40
+    sig = rng.uniform(1, 2, n)
+    noise = rng.uniform(0, 1, n) ** 8 * 1e-2                 # heavy tailed: a few samples carry the noise
+    bs = Bootstrap(n)
+    draws = np.random.default_rng(0).multinomial(n, np.full(n, 1 / n), size=1000)
+    assert np.array_equal(bs.weights, draws) and bs.weights.sum(1).tolist() == [n] * 1000
+    dbs = sorted(10 * math.log10(sum(w * sig) / sum(w * noise)) for w in draws)
+    assert bs.sqnr_db(sig, noise) == pytest.approx(dbs[49], abs=1e-12)       # inverted CDF: 50th of 1000
+    point = 10 * math.log10(sig.sum() / noise.sum())
+    assert bs.sqnr_db(sig, noise) < point - 1.0                # heavy tail: the bound is well below
+    assert Bootstrap(n).sqnr_db(sig, sig * 1e-3) == pytest.approx(30.0)         # constant ratio: exact
+    assert Bootstrap(n).sqnr_db(sig, np.zeros(n)) == math.inf
+    c0, c = np.ones(n), np.ones(n)
+    c[:2] = 0                                                    # 2 of 40 flip: a 5-point drop
+    drops = sorted(100 * (w @ (c0 - c)) / n for w in draws)
+    assert bs.accuracy_drop(c0, c) == pytest.approx(drops[949]) and bs.accuracy_drop(c0, c) > 5.0
+    assert Bootstrap(n, level=0.5).accuracy_drop(c0, c) == pytest.approx(5.0, abs=2.6)
 
 
 def test_unreachable_budget_is_reported():
