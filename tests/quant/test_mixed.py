@@ -68,6 +68,8 @@ def run(argv):
     (["--max-accuracy-drop", "1"], "needs labelled evaluation data"),
     (["--min-sqnr", "30", "--max-accuracy-drop", "1"], "both given"),
     (["--sensitivity-samples", "0", "--sensitivity"], "must be positive"),
+    (["--min-sqnr", "30", "--budget-confidence", "1"], "point estimate) or in [0.5, 1)"),
+    (["--min-sqnr", "30", "--budget-confidence", "0.2"], "point estimate) or in [0.5, 1)"),
 ])
 def test_bad_values_are_one_line_exit_2(tmp_path, flags, message):
     m = tiny_onnx(tmp_path / "m.onnx")
