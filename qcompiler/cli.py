@@ -295,7 +295,8 @@ def run_pipeline(graph, args, log, evaluation=None):
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts
     from .passes.encode_sparse import EncodeSparseOptions
-    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=getattr(args, "sparse_objective", "time"))
+    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=getattr(args, "sparse_objective", "time"),
+                                                       target=getattr(args, "target", "x86"))
     from .quant import mixed
     req = mixed.Request(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                         args.sensitivity, args.sensitivity_samples, confidence=args.budget_confidence)
@@ -316,8 +317,15 @@ def run_pipeline(graph, args, log, evaluation=None):
             keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, _target_spec(args), keep,
                                                                     args.layer_costs, log)
+        sel_data = None
+        if req.min_sqnr is not None or req.sensitivity:       # measured past calibration and evaluation samples
+            from .quant.data import Preprocess
+            sel_data = mixed.selection_data(
+                graph.inputs, evaluation, calib=args.calib, calib_samples=args.calib_samples,
+                samples=args.sensitivity_samples, preprocess=Preprocess.parse(args.preprocess) if args.preprocess
+                else None, batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
         ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
-                                                                eval_data=evaluation, log=log,
+                                                                eval_data=evaluation, select_data=sel_data, log=log,
                                                                 cost=costs.latency if costs else None)
         pm.pipeline, pm.timings = pipeline[at:], list(pre.timings)
     pm.run(graph)

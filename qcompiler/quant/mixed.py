@@ -118,11 +118,12 @@ def check_forced(graph: Graph, opts, force_int8) -> None:
                             "drop it from --force-int8 (only ops with an integer kernel can be forced)")
 
 
-def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, metric=None,
+def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, select_data=None, metric=None,
          cost: Callable[[frozenset], float] | None = None, log: Callable[[str], None] = lambda m: None):
     """(QuantizeOptions for the pass, report parts) for ``graph`` (the float graph before the
     quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
-    where to measure (a Dataset / EvalData)."""
+    where to measure (a Dataset / EvalData); ``select_data`` (EvalData, :func:`selection_data`):
+    where ``--min-sqnr`` and ``--sensitivity`` are measured instead of the first calibration samples."""
     from ..passes import quantize as Q
     from .select import select_float_layers
     from .sensitivity import Sensitivity, samples
@@ -143,6 +144,8 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
             raise UserError("--max-accuracy-drop needs labelled evaluation data", "--max-accuracy-drop",
                             "give --eval DATA.npz holding the inputs and a label array (or use --min-sqnr)")
         data, where = samples(eval_data, req.samples), f"{eval_data.source} (evaluation data)"
+    elif select_data is not None:                # past the calibration and the evaluation samples
+        data, where = samples(select_data, req.samples), select_data.source + " (held back from calibration)"
     else:
         src = opts.calib
         if src is None:
@@ -200,6 +203,29 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, m
     opts = replace(opts, ranges={**sens.ranges, **opts.ranges},
                    bias_correction=opts.bias_correction and sens.bias_correction)
     return opts, parts
+
+
+def selection_data(inputs, evaluation, *, calib: str | None, calib_samples: int, samples: int,
+                   preprocess=None, batch: int = 1):
+    """Where ``--min-sqnr`` is measured: the ``samples`` samples of the calibration source after
+    the calibration samples and the report's evaluation samples (an
+    :class:`~qcompiler.quant.report.EvalData`), so that neither the ranges nor the held-back check
+    saw them; None (measure on the calibration samples, optimistic: the ranges were fitted to
+    them) when the source is random, or an ``--eval`` file is given, or it holds no samples past those."""
+    import warnings
+    from .data import open_dataset
+    from .report import EvalData
+    if calib in (None, "random") or evaluation is None or not evaluation.held_back \
+            or evaluation.source != calib:
+        return None
+    skip = evaluation.skip + evaluation.take
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = open_dataset(calib, inputs, samples=skip + samples, preprocess=preprocess, batch=batch)
+    left = ds.num_samples - skip
+    if left <= 0:
+        return None
+    return EvalData(ds, skip, min(left, samples), f"{calib} samples {skip}..{skip + min(left, samples) - 1}")
 
 
 def _criterion(sens, accuracy: bool, confidence: float, n: int):
