@@ -13,7 +13,8 @@ Every kernel computes exactly the formulas of :mod:`qcompiler.ir.ops` / :mod:`qc
   int64 (exact, arithmetic shift), with per-channel ``m``/``s`` as compile-time int64 arrays
   (or immediates when they are uniform), fused into the kernel's write-back.
 * QuantizeLinear divides in float32 (like ONNX Runtime), rounds half to even (``nearbyint``),
-  adds the zero point and saturates; NaN becomes 0 as in the reference.
+  adds the zero point and saturates; NaN becomes 0 as in the reference (both written so that
+  TVM vectorizes them: :func:`_round_half_even`, :func:`_is_nan`).
 
 Layouts are those of the float kernels (:mod:`.conv`): uint8/int8 activations NCHW{b}c, so the
 same hand schedules (``conv2d``, ``depthwise``, ``pool``, ``dense``) register-block and vectorize
@@ -33,7 +34,7 @@ from ...quant.requant import activation_clamp
 from . import elementwise as kelem
 from . import qdot
 from .conv import _attrs2d, conv2d_accumulate, depthwise_int_exact_f32, pick_block
-from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize
+from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, linearize
 
 I32, I64, F32 = "int32", "int64", "float32"
 I16 = "int16"
@@ -82,12 +83,19 @@ def _rounding(fs):
     return lambda ch: tirx.Select(fs(ch) > zero, tirx.shift_left(one, fs(ch) - one), zero)
 
 
-def requant_fn(ctx, a, out_type, channels: int | None):
+def requant_fn(ctx, a, out_type, channels: int | None, fold=None):
     """``rq(acc, ch)``: the fixed-point requantization of an int32/int64 expression, as int64,
     clamped to [lo, hi] of the output (fused Relu/Clip included; a fused HardSwish is the integer
-    epilogue of :func:`_hardswish_fn`)."""
+    epilogue of :func:`_hardswish_fn`).
+
+    With ``fold`` (per channel: the folded bias of a conv/gemm, exact int64) ``rq`` takes the bare
+    int32 accumulator and computes ``(acc + fold_c)·m_c + r_c`` as ``acc·m_c + k_c`` with the
+    compile-time int64 constant ``k_c = fold_c·m_c + r_c`` (:func:`_fold_terms`): the same integer,
+    but both factors of the product are sign-extended int32, which LLVM lowers to one ``vpmuldq``
+    instead of a 3-uop ``vpmullq`` (the int64 sum acc + bias had 33 significant bits), and the
+    per-element bias add and rounding-term select disappear."""
     if (a.get("activation") or "") == "HardSwish":
-        return _hardswish_fn(ctx, a, out_type, channels)
+        return _hardswish_fn(ctx, a, out_type, channels, fold)
     qp = out_type.quant
     lo, hi = activation_clamp(a.get("activation", "") or "", a.get("activation_params") or [], qp)
     m, s = list(a["multiplier"]), list(a["shift"])
@@ -99,7 +107,7 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     # m < 2^31 is stored as int32 (half the constant) and widened to int64 at use
     fm = _channel_vec(ctx, m, I32, "rq_m")
     fs = _channel_vec(ctx, s, I64, "rq_s")
-    fr = _rounding(fs)
+    fr = _rounding(fs) if fold is None else _channel_vec(ctx, _fold_terms(fold, m, s), I64, "rq_k")
     zo = tirx.const(int(qp.zero_point[0]), I64)
     lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
 
@@ -111,7 +119,22 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     return rq
 
 
-def _hardswish_fn(ctx, a, out_type, channels: int | None):
+def _fold_terms(fold, m, s) -> list[int]:
+    """``k_c = fold_c·m_c + 2^(s_c-1)`` (no rounding term for s_c = 0), exact Python integers."""
+    return [int(f) * int(mc) + ((1 << (int(sc) - 1)) if int(sc) > 0 else 0) for f, mc, sc in zip(fold, m, s)]
+
+
+def _foldable(w: np.ndarray, fold: np.ndarray) -> bool:
+    """May the conv/gemm epilogue requantize the bare accumulator with the bias folded into k_c
+    (:func:`requant_fn`)? Only when the int32 accumulator ``Σ x·w`` cannot wrap by itself
+    (|x| <= 255 for every stored 8-bit form a kernel reads): the kernels used to add the int32 bias
+    first, where only the *sum* needs to fit int32. Then ``|acc + fold|·m < 2^62`` as well."""
+    w = np.asarray(w, np.int64).reshape(w.shape[0], -1)
+    acc_max = 255 * int(np.abs(w).sum(axis=1).max()) if w.size else 0
+    return acc_max < 2 ** 31 and acc_max + int(np.abs(np.asarray(fold, np.int64)).max()) < 2 ** 31
+
+
+def _hardswish_fn(ctx, a, out_type, channels: int | None, fold=None):
     """The HardSwish epilogue of :mod:`qcompiler.quant.hardswish`, all in int64::
 
         p = clamp(rrs(acc m, s), -c_b, p_hi);  u = min(p + c_b, c_1);  y = clamp(z + rrs(p u m2, s2), lo, hi)
@@ -125,7 +148,12 @@ def _hardswish_fn(ctx, a, out_type, channels: int | None):
         return _channel_vec(ctx, vals * n if len(vals) == 1 else vals, dtype, name)
     s = list(a["shift"])
     fm, fs = vec(a["multiplier"], I32, "hs_m"), vec(s, I64, "hs_s")
-    fr = _rounding(fs)
+    if fold is None:
+        fr = _rounding(fs)
+    else:                                           # the bias folded into k_c, as in requant_fn
+        ms = [int(v) for v in a["multiplier"]]
+        fr = _channel_vec(ctx, _fold_terms(fold, ms * n if len(ms) == 1 else ms, s * n if len(s) == 1 else s),
+                          I64, "hs_k")
     cb, c1, m2, s2, ph = a["hardswish"]
     fcb, fc1, fph = vec(cb, I64, "hs_cb"), vec(c1, I64, "hs_c1"), vec(ph, I64, "hs_ph")
     fm2, fs2 = vec(m2, I32, "hs_m2"), vec(s2, I64, "hs_s2")
@@ -168,6 +196,9 @@ def qconv2d(ctx, a, ins, outs):
         acc_at = Buf(acc, out_shape, I32, bo).at
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
         - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+    if _foldable(w, fold):
+        rq = requant_fn(ctx, a, outs[0], k, fold=fold)
+        return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(acc_at(idx), idx[1]))]
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
     rq = requant_fn(ctx, a, outs[0], k)
     return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(acc_at(idx) + fb(idx[1]), idx[1]))]
@@ -190,6 +221,9 @@ def qgemm(ctx, a, ins, outs):
         acc_at = _dense_int16(ctx, A, w, m, n, kk)
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
         - za * w.astype(np.int64).sum(axis=1)
+    if _foldable(w, fold):
+        rq = requant_fn(ctx, a, outs[0], n, fold=fold)
+        return [Lazy((m, n), outs[0].dtype, lambda idx: rq(acc_at(idx[0], idx[1]), idx[1]))]
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
     rq = requant_fn(ctx, a, outs[0], n)
     return [Lazy((m, n), outs[0].dtype, lambda idx: rq(acc_at(idx[0], idx[1]) + fb(idx[1]), idx[1]))]
@@ -312,13 +346,33 @@ def quantize_linear(ctx, a, ins, outs):
         return [lut]
     lo, hi = INT_RANGES[qp.storage]
     fsc, fzp = _per_axis(ctx, qp, x.rank)
+    cpu = getattr(getattr(ctx.low, "spec", None), "family", None) in ("x86", "arm")
 
     def fn(idx):
         v = cast(x.at(idx), F32)
-        y = tirx.nearbyint(v / fsc(idx)) + cast(fzp(idx), F32)
+        y = _round_half_even(v / fsc(idx), cpu) + cast(fzp(idx), F32)
         y = tirx.max(tirx.min(y, const(hi, F32)), const(lo, F32))
-        return tirx.Select(tirx.isnan(v), tirx.const(0, I32), cast(y, I32))
+        return tirx.Select(_is_nan(v), tirx.const(0, I32), cast(y, I32))
     return [Lazy(x.shape, outs[0].dtype, fn)]
+
+
+def _round_half_even(v, cpu: bool):
+    """``nearbyint(v)`` (round half to even in the default rounding mode). On CPU targets as the
+    LLVM intrinsic itself: TVM's loop vectorizer has no rule for ``tirx.nearbyint`` and
+    scalarizes the whole loop around it (LLVM then vectorized the *outer* loop with gathers and
+    byte scatters: rapidocr-cls's 1x3x48x192 input QuantizeLinear took 65 us, 8 us vectorized);
+    the intrinsic is the same ``llvm.nearbyint`` the scalar code calls (vrndscaleps imm 12)."""
+    if cpu:
+        return tirx.call_llvm_pure_intrin(F32, "llvm.nearbyint", v)
+    return tirx.nearbyint(v)
+
+
+def _is_nan(v):
+    """``isnan(v)`` for float32 on the bits, ``|bits| > 0x7f800000`` (exponent all ones, mantissa
+    not 0): integer compares vectorize, ``tirx.isnan`` does not (see :func:`_round_half_even`),
+    and TVM's simplifier folds ``v != v`` to false."""
+    bits = tirx.bitwise_and(tirx.reinterpret(I32, v), tirx.const(0x7FFFFFFF, I32))
+    return bits > tirx.const(0x7F800000, I32)
 
 
 # float islands between integers: DequantizeLinear -> unary float ops -> QuantizeLinear
@@ -436,12 +490,27 @@ def qmul(ctx, a, ins, outs):
     za, zb = tirx.const(_zp(ctx, 0), I32), tirx.const(_zp(ctx, 1), I32)
     rq = requant_fn(ctx, a, outs[0], None)
     shape = outs[0].shape
+    A, B = _hoisted(A, shape, "hoist_a"), _hoisted(B, shape, "hoist_b")
 
     def fn(idx):
         va = cast(A.at(broadcast_index(idx, A.shape)), I32) - za
         vb = cast(B.at(broadcast_index(idx, B.shape)), I32) - zb
         return rq(va * vb)
     return [Lazy(shape, outs[0].dtype, fn)]
+
+
+def _hoisted(x: LTensor, out_shape, name: str) -> LTensor:
+    """A broadcast operand computed in this kernel (a :class:`Lazy`, e.g. the squeeze-excite gate
+    Q(HardSigmoid(DQ(s))) of N x C x 1 x 1, a table lookup) as a stage of its own, computed once
+    per element of *its* shape and read by the main loop as a plain array: inlined, the lookup is
+    recomputed for every element of the output, and its table index vectorizes to a scalarized
+    gather (rapidocr-cls's 1x200x2x96 gate multiply, 1 thread: 81 us inlined, 26 us hoisted). The stage's name
+    starts with "hoist", which the x86 ``generic`` schedule keeps instead of inlining."""
+    size, full = int(np.prod(x.shape or (1,))), int(np.prod(out_shape or (1,)))
+    if isinstance(x, Buf) or size >= full:
+        return x
+    t = compute(x.shape, lambda *i: x.at(i), name=name)
+    return Buf(t, x.shape, x.dtype)
 
 
 def requantize(ctx, a, ins, outs):

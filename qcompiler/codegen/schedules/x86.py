@@ -28,25 +28,63 @@ from tvm import s_tir
 log = logging.getLogger(__name__)
 STRICT = os.environ.get("QC_STRICT_SCHEDULE") == "1"
 MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than this many outputs
+# Thread launches: a kernel runs on the thread pool only when its estimated single-thread time is
+# at least PAR_MIN_NS. A parallel launch costs the wake-up of the worker threads: measured on the
+# 2-core x86 host (TVM_NUM_THREADS=2, idle workers not spinning, as bench/bench_int8.py runs) a
+# parallel loop of 16 elements takes 6.2 us against 0.03 us serial, and a 64 K-element elementwise
+# kernel 41 us against 8.8 us serial while the other core is busy (the worker waits for it). The
+# estimate (:func:`_serial_ns`) is per loop iteration of each block: MAC_NS for a reduction
+# (conv/gemm/pool multiply-accumulates; 1-thread rates of the real models' conv kernels are 12-30
+# MAC/ns in fp32 and int8 alike, the int8 ones bound by their requantization epilogue), ELEM_NS for
+# a spatial block (packing, epilogues, elementwise). The same rule holds for every precision.
+PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
+MAC_NS, ELEM_NS = 1 / 20, 0.25
+_serial = False                # set by apply() for the kernel being scheduled
+
+
+def _serial_ns(sch) -> float:
+    """Estimated single-thread time of the kernel (ns): see PAR_MIN_NS."""
+    total = 0.0
+    root = _block(sch, "root")
+    for blk in sch.get_child_blocks(root) if root is not None else []:
+        n = 1
+        for iv in sch.get(blk).iter_vars:
+            n *= int(iv.dom.extent)
+        total += n * (MAC_NS if _is_reduction(sch, blk) else ELEM_NS)
+    return total
+
+
+def _parallel(sch, loop):
+    """``sch.parallel(loop)`` unless the kernel is too small to pay for a thread launch."""
+    if not _serial:
+        sch.parallel(loop)
 
 
 def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int) -> tvm.tirx.PrimFunc:
     """Schedule ``func`` with rule ``kind``; returns the scheduled PrimFunc marked as such."""
+    global _serial
     rule = RULES.get(kind, generic)
     sch = s_tir.Schedule(func)
     try:
-        rule(sch, vw=vw, **params)
-    except Exception as e:  # noqa: BLE001 - any refusal falls back to the generic rule
-        if STRICT and rule is not generic:
-            raise
-        log.debug("schedule rule %s failed (%s); using the generic rule", kind, e)
-        sch = s_tir.Schedule(func)
+        _serial = _serial_ns(sch) < PAR_MIN_NS
+    except Exception:  # noqa: BLE001 - no estimate: keep the rules' own parallel loops
+        _serial = False
+    try:
         try:
-            generic(sch, vw=vw)
-        except Exception:  # noqa: BLE001
-            if STRICT:
+            rule(sch, vw=vw, **params)
+        except Exception as e:  # noqa: BLE001 - any refusal falls back to the generic rule
+            if STRICT and rule is not generic:
                 raise
+            log.debug("schedule rule %s failed (%s); using the generic rule", kind, e)
             sch = s_tir.Schedule(func)
+            try:
+                generic(sch, vw=vw)
+            except Exception:  # noqa: BLE001
+                if STRICT:
+                    raise
+                sch = s_tir.Schedule(func)
+    finally:
+        _serial = False            # callers of the helpers outside apply() (kernels/sparse.py) keep threads
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -87,14 +125,16 @@ def _spatial_nest(sch, blk, vw: int, parallel: bool = True):
         outer = list(loops)
     if parallel and outer and total >= MIN_PARALLEL:
         f = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        sch.parallel(f)
+        _parallel(sch, f)
 
 
 def _inline_spatial(sch, keep=()):
-    """compute_inline every non-output spatial block (e.g. an unpadded pack stage)."""
+    """compute_inline every non-output spatial block (e.g. an unpadded pack stage) except those in
+    ``keep`` and the "hoist*" stages: values a kernel computes once, smaller than its output (a
+    broadcast operand), that inlining would recompute for every output element."""
     for blk in sch.get_child_blocks(sch.get_sblock("root")) if _block(sch, "root") else []:
         name = sch.get(blk).name_hint
-        if name in keep or _is_reduction(sch, blk):
+        if name in keep or name.startswith("hoist") or _is_reduction(sch, blk):
             continue
         try:
             sch.compute_inline(blk)
@@ -129,7 +169,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     xo, xi = sch.split(x, [None, reg_n])
     sch.reorder(n, ko, y, xo, *red, xi, ki)
     par = sch.fuse(n, ko, y)
-    sch.parallel(par)
+    _parallel(sch, par)
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -143,7 +183,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     if pad:
         p = sch.get_sblock("pad")
         pl = sch.get_loops(p)
-        sch.parallel(sch.fuse(*pl[:3]))
+        _parallel(sch, sch.fuse(*pl[:3]))
         if _extent(sch, pl[-1]) > 1:
             sch.vectorize(pl[-1])
 
@@ -182,7 +222,7 @@ def dense(sch, vw, mb):
     sch.reorder(io, no, rk, ii, ni)
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
-        sch.parallel(par)
+        _parallel(sch, par)
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -202,7 +242,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
     xo, xi = sch.split(x, [None, reg_n])
     kio, kil = sch.split(ki, [None, lanes])
     sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
-    sch.parallel(sch.fuse(n, ko, y))
+    _parallel(sch, sch.fuse(n, ko, y))
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -223,7 +263,7 @@ def _pack_nest(sch, vw):
     p = sch.get_sblock("pad")
     pl = sch.get_loops(p)
     if len(pl) > 3:
-        sch.parallel(sch.fuse(*pl[:3]))
+        _parallel(sch, sch.fuse(*pl[:3]))
         if _extent(sch, pl[-1]) > 1:
             sch.vectorize(pl[-1])
     else:
@@ -239,7 +279,7 @@ def dense_dot(sch, vw, mb, lanes, intrin):
     sch.reorder(io, no, kb, ii, ni, kq)
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
-        sch.parallel(par)
+        _parallel(sch, par)
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -260,7 +300,7 @@ def matmul(sch, vw):
     b = vw if nj % vw == 0 else (nj if nj <= vw else 1)
     rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     if _extent(sch, rows) > 1:
-        sch.parallel(rows)
+        _parallel(sch, rows)
     if b > 1:
         jo, ji = sch.split(j, [None, b])
         sch.reorder(rows, jo, rk, ji)
@@ -302,7 +342,7 @@ def rowwise(sch, vw, rows):
             _, ci = sch.split(c, [None, vw])
             sch.vectorize(ci)
     if _extent(sch, r) > 1:
-        sch.parallel(r)
+        _parallel(sch, r)
 
 
 def generic(sch, vw, **_):
@@ -320,7 +360,7 @@ def generic(sch, vw, **_):
                 if total > 1:
                     f = sch.fuse(*sp) if len(sp) > 1 else sp[0]
                     if total >= 64:
-                        sch.parallel(f)
+                        _parallel(sch, f)
         else:
             _spatial_nest(sch, blk, vw)
 

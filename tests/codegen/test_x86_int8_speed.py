@@ -1,0 +1,217 @@
+"""The x86 int8 speed changes (issue #5, "our int8 faster than our fp32") keep the kernels BIT-EXACT
+with the numpy oracle, and do what they claim in the generated code:
+
+* QuantizeLinear rounds with ``llvm.nearbyint`` and tests NaN on the bits, so TVM vectorizes it
+  (``tirx.nearbyint``/``tirx.isnan`` made its loop scalar): ties, NaN, ±inf, huge values exact;
+* QLinearMul computes a broadcast operand built in the kernel (the squeeze-excite gate
+  Q(HardSigmoid(DQ(s))), a table lookup) once, in a "hoist" stage, not per output element;
+* conv/gemm epilogues requantize the bare int32 accumulator with the bias folded into the int64
+  constant k = fold·m + 2^(s-1): exact on accumulators at the extremes, with large folded biases,
+  and ``_foldable`` refuses the fold where the accumulator alone could wrap;
+* the x86 schedules launch threads only for kernels whose estimated serial time pays for it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_x86_int8 import ACT, RNG, SPEC, add_qconv, check_exact, qin  # noqa: E402
+
+from qcompiler.codegen.kernels import quant as kquant  # noqa: E402
+from qcompiler.codegen.lower import lower  # noqa: E402
+from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
+from qcompiler.ir import Graph, QuantParams, TensorType  # noqa: E402
+from qcompiler.quant.requant import conv_multipliers, quantize_multiplier  # noqa: E402
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_quantize_linear_vectorized_exact_with_nan_inf_and_ties(storage):
+    g = Graph("q")
+    qp = QuantParams(storage, (0.0069,), (110,) if storage == "uint8" else (-7,))
+    shape = (1, 3, 48, 64)
+    x = g.add_input("x", TensorType(shape, "float32"))
+    g.outputs = [g.create_op("QuantizeLinear", [x], result_types=[TensorType(shape, storage, qp)]).result]
+    xv = RNG.normal(0, 0.6, shape).astype(np.float32)
+    flat = xv.reshape(-1)
+    flat[:8] = [np.nan, -np.nan, np.inf, -np.inf, 3e38, -3e38, 0.0, -0.0]
+    ties = (np.arange(-40, 40) + 0.5).astype(np.float32) * np.float32(0.0069)      # k + 1/2 steps
+    flat[100:100 + ties.size] = ties
+    flat[1000:1016] = np.float32(np.nan)                                            # a whole vector of NaN
+    check_exact(g, {"x": xv}, f"QuantizeLinear {storage}")
+    text = lower(g, SPEC).script()
+    assert "llvm.nearbyint" in text and "T.vectorized" in text
+
+
+def _se_gate_graph(storage):
+    """x -> depthwise conv (blocked) -> GAP -> 1x1 conv -> DQ -> HardSigmoid -> Q -> QLinearMul(x, gate)."""
+    g = Graph("q")
+    qx = ACT[storage]
+    zq = -128 if storage == "int8" else 0
+    x = g.add_input("x", TensorType((1, 24, 5, 12), storage, qx))
+    a = add_qconv(g, x, 24, (3, 3), group=24, p=(1, 1, 1, 1), act="Relu", out_qp=QuantParams(storage, (0.03,), (zq,)))
+    qg = QuantParams(storage, (0.01,), (zq,))
+    m1, s1 = quantize_multiplier(0.03 / (0.01 * 60))
+    gp = g.create_op("QLinearGlobalAveragePool", [a], {"multiplier": [m1], "shift": [s1]},
+                     result_types=[TensorType((1, 24, 1, 1), storage, qg)]).result
+    s = add_qconv(g, gp, 24, (1, 1), out_qp=QuantParams(storage, (0.02,), (zq + 5,)))
+    d = g.create_op("DequantizeLinear", [s]).result
+    h = g.create_op("HardSigmoid", [d], {"alpha": 0.2, "beta": 0.5}).result
+    gate = g.create_op("QuantizeLinear", [h], result_types=[
+        TensorType((1, 24, 1, 1), storage, QuantParams(storage, (1 / 255,), (zq,)))]).result
+    qm = QuantParams(storage, (0.02,), (zq + 3,))
+    m, sh = quantize_multiplier(0.03 * (1 / 255) / 0.02)
+    y = g.create_op("QLinearMul", [a, gate], {"multiplier": [m], "shift": [sh]},
+                    result_types=[TensorType(a.type.shape, storage, qm)]).result
+    g.outputs = [add_qconv(g, y, 16, (1, 1)), y]
+    return g
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_squeeze_excite_gate_hoisted_and_exact(storage):
+    g = _se_gate_graph(storage)
+    check_exact(g, {"x": qin(ACT[storage], (1, 24, 5, 12))}, f"SE gate {storage}")
+    mod = lower(g, SPEC)
+    mul = [mod[gv] for gv in mod.functions if "qlinearmul" in gv.name_hint]
+    assert mul, "the gate multiply has its own kernel"
+    text = mul[0].script()
+    assert 'sblock("hoist_b")' in text          # the gate: computed once per channel
+    assert "lut" in text                        # ... from the HardSigmoid table
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("act", ["", "Relu", "HardSwish"])
+def test_folded_bias_epilogue_exact_at_the_extremes(storage, act):
+    """QLinearGemm with K = 64 and weights of ±127 so that Σ x·w reaches ±2 M, inputs at 0/255 or
+    -128/127, int32 biases of up to ±2^28 (the folded constant k = fold·m + r is near 2^58), and
+    per-channel multipliers: the fold path of requant_fn against the oracle."""
+    m, k, n = 64, 64, 32
+    qa = ACT[storage]
+    g = Graph("q")
+    a = g.add_input("a", TensorType((m, k), storage, qa))
+    ws = tuple(float(v) for v in RNG.uniform(0.0005, 0.01, n))
+    wq = np.where(RNG.random((n, k)) < 0.5, -127, 127).astype(np.int8)
+    wq[: n // 2] = 127                                 # all-positive rows: the accumulator's extremes
+    w = g.add_const(wq, "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    bias = RNG.integers(-2 ** 28, 2 ** 28, n).astype(np.int32)
+    b = g.add_const(bias, "b", QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws),
+                                           (0,) * n, axis=0))
+    qo = QuantParams(storage, (40.0,), (10,) if storage == "uint8" else (-3,))
+    ms, ss = conv_multipliers(qa.scale[0], ws, qo.scale[0])
+    attrs = {"multiplier": ms, "shift": ss, "activation": act, "activation_params": []}
+    if act == "HardSwish":
+        from qcompiler.quant import hardswish
+        attrs.update(hardswish.epilogue_attrs(qa.scale[0], ws, qo, [], n))
+    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs, result_types=[TensorType((m, n), storage, qo)]).result]
+    lo, hi = (0, 255) if storage == "uint8" else (-128, 127)
+    av = np.where(RNG.random((m, k)) < 0.5, lo, hi).astype(storage)
+    av[: m // 4] = hi
+    av[m // 4: m // 2] = lo
+    check_exact(g, {"a": av}, f"folded epilogue {storage} {act or 'none'}")
+    fold = bias.astype(np.int64) - qa.zero_point[0] * wq.astype(np.int64).sum(axis=1)
+    assert kquant._foldable(wq, fold)
+
+
+def test_foldable_and_fold_terms():
+    w = np.full((2, 9), 127, np.int8)
+    assert kquant._foldable(w, np.array([5, -5]))
+    assert not kquant._foldable(w, np.array([2 ** 31 - 10, 0]))          # the sum could leave int32
+    big = np.full((1, 70000), 127, np.int8)                              # 255·127·70000 > 2^31
+    assert not kquant._foldable(big, np.array([0]))
+    # k_c = fold·m + 2^(s-1), and no rounding term for s = 0
+    assert kquant._fold_terms([3, -2], [1 << 30, 5], [40, 0]) == [3 * (1 << 30) + (1 << 39), -10]
+
+
+def _elementwise(n):
+    x = te.placeholder((n, 16), "float32", name="x")
+    y = te.compute((n, 16), lambda i, j: x[i, j] * 2.0, name="out")
+    return te.create_prim_func([x, y])
+
+
+def _conv_like(c, hw):
+    """A reduction of c*9 multiply-accumulates per output over (c, hw, hw) outputs."""
+    x = te.placeholder((c, hw + 2, hw + 2), "float32", name="x")
+    r, i, j = te.reduce_axis((0, c), "r"), te.reduce_axis((0, 3), "i"), te.reduce_axis((0, 3), "j")
+    y = te.compute((c, hw, hw), lambda o, a, b: te.sum(x[r, a + i, b + j], axis=[r, i, j]), name="conv")
+    return te.create_prim_func([x, y])
+
+
+def test_threads_only_for_kernels_that_pay_for_them():
+    small = sched.apply(_elementwise(256), "generic", {}, 16).script()         # 4 K elements: ~1 us serial
+    assert "T.parallel" not in small
+    large = sched.apply(_elementwise(65536), "generic", {}, 16).script()       # 1 M elements: ~260 us
+    assert "T.parallel" in large
+    assert sched._serial is False                      # reset after apply: the helpers keep threads elsewhere
+    s_small = sched.s_tir.Schedule(_conv_like(8, 6))
+    s_large = sched.s_tir.Schedule(_conv_like(64, 56))
+    assert sched._serial_ns(s_small) < sched.PAR_MIN_NS < sched._serial_ns(s_large)
+
+
+def test_threaded_and_serial_kernels_compute_the_same():
+    """The same kernel scheduled serial and parallel (threshold moved) gives identical results."""
+    func = _elementwise(4096)
+    xs = np.random.default_rng(0).standard_normal((4096, 16)).astype(np.float32)
+    outs = []
+    for thr in (1e12, 0.0):
+        old = sched.PAR_MIN_NS
+        sched.PAR_MIN_NS = thr
+        try:
+            f = sched.apply(func, "generic", {}, 16)
+        finally:
+            sched.PAR_MIN_NS = old
+        assert ("T.parallel" in f.script()) == (thr == 0.0)
+        lib = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+        o = tvm.runtime.empty((4096, 16), "float32")
+        lib["main"](tvm.runtime.tensor(xs), o)
+        outs.append(o.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], xs * 2)
+
+
+class _Ctx:
+    """The part of lower.KernelCtx that requant_fn uses: compile-time params as placeholders."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.low = SimpleNamespace(spec=SPEC)
+        self.params = []
+
+    def param(self, arr, name, keep_dtype=False):
+        arr = np.ascontiguousarray(np.asarray(arr).reshape(np.shape(arr) or (1,)))
+        ph = te.placeholder(arr.shape, str(arr.dtype), name=f"{name}{len(self.params)}")
+        self.params.append((ph, arr))
+        return ph
+
+
+@pytest.mark.parametrize("act", ["", "Relu"])
+def test_folded_requant_every_accumulator_including_ties(act):
+    """requant_fn with the bias folded (k = fold·m + 2^(s-1)) against the unfolded int64 formula
+    clamp(z + ((acc + fold)·m + 2^(s-1)) >> s) on EVERY accumulator of a range, with small shifts
+    so that exact ties (acc + fold)·m ≡ 2^(s-1) (mod 2^s) occur, and per-channel m, s, fold."""
+    qp = QuantParams("uint8", (0.1,), (37,))
+    ms, ss, fold = [3001, 1023, 2 ** 30 + 1, 4096], [12, 10, 40, 0], [17, -300, 5, -1]
+    ctx = _Ctx()
+    rq = kquant.requant_fn(ctx, {"multiplier": ms, "shift": ss, "activation": act, "activation_params": []},
+                           TensorType((1, 4), "uint8", qp), 4, fold=fold)
+    accs = np.arange(-3000, 3000, dtype=np.int32)
+    acc = te.placeholder((accs.size, 4), "int32", name="acc")
+    out = te.compute((accs.size, 4), lambda i, c: rq(acc[i, c], c).astype("int32"), name="out")
+    params = [p for p, _ in ctx.params]
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([acc, *params, out])}), target="llvm")
+    av = np.repeat(accs[:, None], 4, axis=1)
+    got = tvm.runtime.empty((accs.size, 4), "int32")
+    lib["main"](tvm.runtime.tensor(av), *[tvm.runtime.tensor(a) for _, a in ctx.params], got)
+    v = (av.astype(object) + np.array(fold, dtype=object)) * np.array(ms, dtype=object)
+    r = np.array([(1 << (s - 1)) if s else 0 for s in ss], dtype=object)
+    want = np.array([[int(x) >> s for x, s in zip(row, ss)] for row in (v + r)], dtype=np.int64) + 37
+    lo = 37 if act == "Relu" else 0
+    want = np.clip(want, lo, 255)
+    ties = sum(int(((int(a) + f) * m) % (1 << s) == (1 << (s - 1))) for a in accs for m, s, f in zip(ms, ss, fold) if s)
+    assert ties > 0                                    # the range does hit exact ties
+    np.testing.assert_array_equal(got.numpy(), want)
