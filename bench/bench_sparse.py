@@ -5,6 +5,8 @@ beside the measurement on the real models' layers.
     python bench/bench_sparse.py                              # large gemm + large conv, then real layers
     python bench/bench_sparse.py --what large --rounds 5
     python bench/bench_sparse.py --what models --models fashion,cls --sparsity 0.8
+    python bench/bench_sparse.py --what sweep --threads 1 --rounds 7 --iters 10   # synthetic layers -> JSON
+    python bench/bench_sparse.py --what fit            # fit the cost model to that JSON, print constants
 
 Large layers: a 1024x1024 gemm (batch 1, 4, 16) and a 3x3 conv 64->64 on 56x56 (im2col: K = 576,
 P = 3136 output pixels), fp32 and int8 (uint8 activations, int8 weights, requantized uint8 output),
@@ -18,11 +20,19 @@ worker, which adds ~8 ms to a kernel with several parallel stages). ratio = spar
 sparse faster). block4 = 1x4 blocks pruned (prune's ``block4`` pattern); on x86 with VNNI the
 int8 BSR 1x4 kernel runs on ``vpdpbusd`` (one instruction per block and 16 columns).
 
+Synthetic layers (``--what sweep``, :func:`sweep_cases`): gemms at batch 1 and 1x1 / 3x3 convs on a
+grid of channels and pixels, plus the large layers above, random weights, int8 and fp32, each timed
+dense and in 8 sparse variants (CSR at 60/80/90 %, BSR 1x4 and 4x1 at 80/90 %, 2:4) in interleaved
+rounds; ``--what fit`` fits :mod:`qcompiler.sparse.cost` to them (cost.fit) and prints the constants
+that cost.py's x86 defaults hold, with the fit's error and its in-sample agreement per margin.
+
 Real layers (``--what models``): every non-depthwise conv/gemm of fashion_mobilenet and rapidocr-cls,
 its weight pruned (magnitude, ``--sparsity``, int8 weights from a per-channel quantization), as a
 one-layer int8 graph at batch 1: measured dense and each sparse format, the cost model's choice
-(default factors, and factors fitted to these measurements with cost.fit), and whether it agrees
-with the fastest measured format.
+(its x86 defaults, fitted on the synthetic layers only: these are held out; beside it the previous
+assumed-factor AdaPT model) and whether it agrees with the fastest measured format: exactly, on
+dense-vs-sparse, and within 10 % of the fastest. ``--real-out F`` saves the timings, ``--what
+recheck --real-out F`` re-scores the current model on them without timing again.
 """
 from __future__ import annotations
 
@@ -128,6 +138,182 @@ def bench_large(rounds, iters, batches, dtypes):
     return rows
 
 
+# ---- synthetic layers: the measurements cost.fit takes its default factors from ---------------------
+def sweep_cases() -> list[tuple]:
+    """(label, kind, weight shape, conv geometry, batch) of the synthetic fit set: a grid of gemms
+    (batch 1) and 1x1 / 3x3 convs over channels 3..1024 (powers of 2 and not: 24, 160 pad differently
+    in the dense kernels' 16-lane tiles) and 1x1 (a conv on pooled features) .. 56x56 pixels, plus
+    the large layers of :func:`bench_large`. Random weights; none of the real models' weights."""
+    cases = []
+    for n in (8, 24, 128, 512):
+        for k in (16, 64, 256, 1024):
+            cases.append((f"gemm {n}x{k}", "gemm", (n, k), None, 1))
+    for b in (1, 4, 16):
+        cases.append(("gemm 1024x1024", "gemm", (1024, 1024), None, b))
+    for cin in (8, 24, 64, 160):
+        for cout in (8, 24, 64, 160):
+            for hw in ((1, 1), (4, 4), (8, 8), (16, 16), (12, 48)):
+                cases.append((f"conv1x1 {cin}->{cout} {hw[0]}x{hw[1]}", "conv", (cout, cin, 1, 1),
+                              ((1, cin) + hw, (0, 0, 0, 0), (1, 1), 1), 1))
+    for cin in (3, 16, 48):
+        for cout in (8, 24, 64):
+            for hw, st in (((8, 8), 1), ((16, 16), 1), ((24, 48), 2)):
+                cases.append((f"conv3x3 {cin}->{cout} {hw[0]}x{hw[1]}/{st}", "conv", (cout, cin, 3, 3),
+                              ((1, cin) + hw, (1, 1, 1, 1), (st, st), 1), 1))
+    cases.append(("conv3x3 64->64 56x56", "conv", (64, 64, 3, 3), ((1, 64, 56, 56), (1, 1, 1, 1), (1, 1), 1), 1))
+    return cases
+
+
+SWEEP_VARIANTS = (("csr", 0.6, "unstructured"), ("csr", 0.8, "unstructured"), ("csr", 0.9, "unstructured"),
+                  ("bsr1x4", 0.8, "unstructured"), ("bsr1x4", 0.9, "unstructured"),
+                  ("bsr4x1", 0.8, "unstructured"), ("bsr4x1", 0.9, "unstructured"), ("2:4", 0.5, "2:4"))
+
+
+def _columns(kind, wshape, conv, batch) -> int:
+    """M of the im2col gemm: batch x output pixels (batch for a gemm)."""
+    if kind == "gemm":
+        return batch
+    (_, _, h, w), (pt, pl, pb, pr), (sh, sw), _ = conv
+    return batch * ((h + pt + pb - wshape[2]) // sh + 1) * ((w + pl + pr - wshape[3]) // sw + 1)
+
+
+def _needs_im2col(wshape, conv) -> bool:
+    """A conv whose X is a k x k expansion: kernel larger than 1x1, or padded."""
+    return conv is not None and (int(np.prod(wshape[2:])) > 1 or any(conv[1]))
+
+
+def shape_json(s) -> dict:
+    from dataclasses import asdict
+    return asdict(s)
+
+
+def bench_sweep(dtypes, rounds, iters, out: Path):
+    """Time dense and every sparse variant of every :func:`sweep_cases` layer; write the samples
+    (layer counts, format, seconds) as JSON for ``--what fit``."""
+    import json
+    import time
+
+    from test_sparse_kernels import prune
+
+    from qcompiler.sparse import cost
+    from qcompiler.sparse.format import conv_matrices
+    samples = []
+    print(f"{'layer':28s} {'dtype':5s} {'M':>5s} " + " ".join(f"{f'{f}@{int(s * 100)}':>10s}" for f, s, _ in
+                                                          (("dense", 0, ""),) + SWEEP_VARIANTS) + "  (us)")
+    t0 = time.time()
+    for dtype in dtypes:
+        for label, kind, wshape, conv, batch in sweep_cases():
+            base = _weights(wshape, dtype)
+            m = _columns(kind, wshape, conv, batch)
+            vs = [(f, s, pat) for f, s, pat in SWEEP_VARIANTS if f != "bsr4x1" or wshape[0] % 4 == 0]
+            ws = [prune(base, s, pat, RNG) for _, s, pat in vs]
+            ms = time_variants(kind, dtype, batch, [(w, f) for w, (f, _, _) in zip(ws, vs)], rounds, iters, conv)
+            mats = [(base if kind == "gemm" else conv_matrices(base))] + \
+                [(w if kind == "gemm" else conv_matrices(w)) for w in ws]
+            for (f, s, _), w, t in zip((("dense", 0.0, ""),) + tuple(vs), mats, ms):
+                shape = cost.LayerShape.of(w[None] if kind == "gemm" else w, m, kind == "conv",
+                                           _needs_im2col(wshape, conv))
+                samples.append({"layer": label, "kind": kind, "dtype": dtype, "format": f, "sparsity": s,
+                                "seconds": t * 1e-3, "shape": shape_json(shape)})
+            got = dict(zip([f"{f}@{int(s * 100)}" for f, s, _ in (("dense", 0, ""),) + tuple(vs)], ms))
+            print(f"{label:28s} {dtype:5s} {m:5d} " + " ".join(
+                f"{got.get(f'{f}@{int(s * 100)}', float('nan')) * 1e3:10.1f}"
+                for f, s, _ in (("dense", 0, ""),) + SWEEP_VARIANTS), flush=True)
+            out.write_text(json.dumps({"threads": os.environ.get("TVM_NUM_THREADS"), "rounds": rounds,
+                                       "iters": iters, "samples": samples}, indent=0))
+    print(f"{len(samples)} samples in {time.time() - t0:.0f} s -> {out}")
+
+
+def load_samples(path: Path) -> list[tuple]:
+    """(LayerShape, format, seconds, record) of a ``--what sweep`` JSON file."""
+    import json
+
+    from qcompiler.sparse import cost
+    recs = json.loads(Path(path).read_text())["samples"]
+    for r in recs:                   # files written before LayerShape had im2col: the 3x3 convs (padded)
+        r["shape"].setdefault("im2col", r["layer"].startswith("conv3x3"))
+        r["shape"].setdefault("conv", r["layer"].startswith("conv"))
+    return [(cost.LayerShape(**r["shape"]), r["format"], r["seconds"], r) for r in recs]
+
+
+def _agreement(rows, cm) -> tuple[int, int, int]:
+    """(exact, dense-vs-sparse, within 10 % of the fastest) over ``rows`` = [(LayerShape, {fmt: time})]:
+    the model's time choice on each layer's shape against the measured times."""
+    from qcompiler.sparse import cost
+    ex = dvs = near = 0
+    for s, t in rows:
+        pick = cost.choose(s, cm).format_time
+        best = min(t, key=t.get)
+        ex += pick == best
+        dvs += (pick == "dense") == (best == "dense")
+        near += _near(t, pick)
+    return ex, dvs, near
+
+
+def _case(r) -> str:
+    return f"{r['dtype']} {r['layer']} m={r['shape']['m']}"
+
+
+def _synthetic_rows(samples) -> list[tuple]:
+    """One (LayerShape, {format: seconds}) row per synthetic (layer, dtype, sparsity): its dense time
+    and the sparse formats timed at that sparsity."""
+    by = {}
+    for s, f, t, r in samples:
+        by.setdefault(_case(r), []).append((s, f, t, r))
+    rows = []
+    for recs in by.values():
+        dense = [t for s, f, t, r in recs if f == "dense"][0]
+        for sp in sorted({r["sparsity"] for *_, r in recs if r["format"] not in ("dense", "2:4")}):
+            grp = [(s, f, t) for s, f, t, r in recs if r["sparsity"] == sp and f != "dense"]
+            rows.append((grp[0][0], {"dense": dense, **{f: t for _, f, t in grp}}))
+    return rows
+
+
+def fit_samples(path: Path):
+    """Fit the cost model to the synthetic sweep; print the constants (for cost.py) and the fit's
+    quality on the synthetic set itself."""
+    from qcompiler.sparse import cost
+    samples = load_samples(path)
+    cm = cost.fit([(s, f, t) for s, f, t, _ in samples])
+    print(f"fitted on {len(samples)} synthetic samples ({path.name}):")
+    for key in ("int8", "fp32"):
+        d = getattr(cm, key)
+        print(f"X86_{key.upper()} = DtypeCost(")
+        for f in ("dense", "csr", "bsr1x4", "bsr4x1", "two_four"):
+            c = getattr(d, f)
+            print(f"    {f}=FormatCost(work={c.work:.4g}, work1={c.work1:.4g}, fixed={c.fixed:.4g}, "
+                  f"tiles={c.tiles:.4g}, outputs={c.outputs:.4g}, xin={c.xin:.4g}, im2col={c.im2col:.4g}, "
+                  f"conv_fixed={c.conv_fixed:.4g}),")
+        print(f"    ns={d.ns:.4g})")
+    print(f"{'dtype':5s} {'format':7s} {'n':>4s} {'median |err|':>12s} {'90 % |err|':>10s}")
+    for key, bits in (("int8", 8), ("fp32", 32)):
+        for f in ("dense", "csr", "bsr1x4", "bsr4x1", "2:4"):
+            err = [abs(cost.predicted_ns(s, f, cm) * 1e-9 / t - 1) for s, ff, t, _ in samples
+                   if ff == f and (s.bits <= 8) == (bits == 8)]
+            if err:
+                print(f"{key:5s} {f:7s} {len(err):4d} {np.median(err):12.1%} {np.percentile(err, 90):10.1%}")
+    # agreement on the synthetic layers: in-sample, and 5-fold cross-validated by layer (which sets the margin)
+    print(f"{'':5s} agreement on synthetic (layer, sparsity) rows: exact / dense-vs-sparse / within 10 % of the fastest")
+    for key in ("int8", "fp32"):
+        rows = _synthetic_rows([x for x in samples if x[3]["dtype"] == key])
+        ex, dvs, near = _agreement(rows, cm)
+        print(f"{key:5s} in-sample, margin {cm.margin:.2f}: {ex} / {dvs} / {near} of {len(rows)}")
+    from dataclasses import replace
+    layers = sorted({_case(r) for *_, r in samples})
+    fold = {c: i % 5 for i, c in enumerate(np.random.default_rng(0).permutation(layers))}
+    margins = (0.0, 0.05, 0.1, 0.15, 0.2)
+    tot = {m: np.zeros(4, int) for m in margins}
+    for k in range(5):
+        cmk = cost.fit([(s, f, t) for s, f, t, r in samples if fold[_case(r)] != k])
+        rows = _synthetic_rows([x for x in samples if fold[_case(x[3])] == k])
+        for m in margins:
+            tot[m] += (*_agreement(rows, replace(cmk, margin=m)), len(rows))
+    print("5-fold cross-validation by layer (int8 + fp32), per margin (a sparse format must beat dense by it):")
+    for m in margins:
+        print(f"  margin {m:.2f}: {tot[m][0]} / {tot[m][1]} / {tot[m][2]} of {tot[m][3]}")
+    return cm
+
+
 # ---- real models: the cost model against measurement ----------------------------------------------
 def real_layers(models: list[str]):
     """(model, op name, kind, weight [float], input shape, attrs) of every non-depthwise conv/gemm."""
@@ -159,14 +345,19 @@ def _quantize_w(w: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(m / s), -127, 127).astype(np.int8).reshape(w.shape)
 
 
-def bench_models(models, sparsity, rounds, iters):
+def bench_models(models, sparsity, rounds, iters, out: Path | None = None):
+    """Time every real layer dense and in each sparse format, and check the cost model's choice
+    (its x86 defaults, fitted on the synthetic sweep only: these layers are held out)."""
+    import json
+
     from test_sparse_kernels import prune
 
     from qcompiler.sparse import cost
     from qcompiler.sparse.format import conv_matrices, gemm_matrix
-    samples, rows = [], []
+    cm = cost.CostModel()
+    rows, recs = [], []
     print(f"\nreal layers, int8, batch 1, magnitude pruning {int(sparsity * 100)} % unstructured "
-          f"(times in ms; model = cost.choose with default factors)")
+          f"(times in ms; model = cost.choose with the x86 defaults fitted on synthetic layers)")
     print(f"{'model':18s} {'layer':28s} {'N x K x P':>18s} {'dense':>7s} {'csr':>7s} {'bsr1x4':>7s} {'bsr4x1':>7s} "
           f"{'2:4':>7s} {'best':>7s} {'model':>7s} agree (exact / model's pick within 10 % of the best)")
     for model, name, op, w, xshape in real_layers(models):
@@ -183,34 +374,47 @@ def bench_models(models, sparsity, rounds, iters):
             p = int(oshape[2] * oshape[3])
         wq = prune(wq, sparsity, "unstructured", RNG)
         mats = wq[None] if kind == "gemm" else conv_matrices(wq, conv[3])
-        shape = cost.LayerShape.of(mats, p)
+        shape = cost.LayerShape.of(mats, p, kind == "conv", _needs_im2col(wq.shape, conv))
         fmts = [f for f in ("csr", "bsr1x4", "bsr4x1", "2:4")
                 if (f != "bsr4x1" or shape.n % 4 == 0) and (f != "2:4" or shape.is_24)]
         ms = time_variants(kind, "int8", 1, [(wq, f) for f in fmts], rounds, iters, conv)
         t = dict(zip(["dense"] + fmts, ms))
-        for f, v in t.items():
-            samples.append((shape, f, v * 1e-3))
         best = min(t, key=t.get)
-        choice = cost.choose(shape)
-        rows.append((model, name, shape, t, best))
+        choice = cost.choose(shape, cm)
+        rows.append((shape, t))
+        recs.append({"model": model, "layer": name, "shape": shape_json(shape), "ms": t})
         print(f"{model:18s} {name[:28]:28s} {f'{shape.groups * shape.n}x{shape.k}x{p}':>18s} "
               + " ".join(f"{t.get(f, float('nan')):7.3f}" for f in ("dense", "csr", "bsr1x4", "bsr4x1", "2:4"))
               + f" {best:>7s} {choice.format_time:>7s} {'yes' if choice.format_time == best else 'NO':>3s} / "
               f"{'yes' if _near(t, choice.format_time) else 'NO'}", flush=True)
     if not rows:
         return
-    fitted = cost.fit(samples)
-    near_d = sum(_near(t, cost.choose(s).format_time) for _, _, s, t, _ in rows)
-    agree_d = sum(cost.choose(s).format_time == b for _, _, s, _, b in rows)
-    agree_f = sum(cost.choose(s, fitted).format_time == b for _, _, s, _, b in rows)
-    # "dense or sparse" agreement (the decision that matters for speed)
-    sp_d = sum((cost.choose(s).format_time == "dense") == (b == "dense") for _, _, s, _, b in rows)
-    sp_f = sum((cost.choose(s, fitted).format_time == "dense") == (b == "dense") for _, _, s, _, b in rows)
-    print(f"\ncost model vs measurement on {len(rows)} layers: exact format {agree_d}/{len(rows)} "
-          f"(dense-vs-sparse {sp_d}/{len(rows)}) with default factors; fitted factors "
-          f"c_csr={fitted.c_csr:.2f} c_bsr={fitted.c_bsr:.2f}: exact format {agree_f}/{len(rows)} "
-          f"(dense-vs-sparse {sp_f}/{len(rows)}); default model's pick within 10 % of the measured best: "
-          f"{near_d}/{len(rows)}")
+    if out is not None:
+        out.write_text(json.dumps({"sparsity": sparsity, "rounds": rounds, "iters": iters,
+                                   "threads": os.environ.get("TVM_NUM_THREADS"), "layers": recs}, indent=0))
+    report_agreement(rows)
+
+
+def report_agreement(rows):
+    from qcompiler.sparse import cost
+    n = len(rows)
+    for label, cm in (("fitted x86 defaults (synthetic sweep; these layers held out)", cost.CostModel()),
+                      ("AdaPT form, assumed factors (the previous defaults)", cost.CostModel.for_target("arm"))):
+        ex, dvs, near = _agreement(rows, cm)
+        print(f"cost model vs measurement on {n} layers, {label}: exact format {ex}/{n}, "
+              f"dense-vs-sparse {dvs}/{n}, pick within 10 % of the fastest {near}/{n}")
+    print(f"fastest measured: " + ", ".join(f"{f} {c}" for f, c in sorted(
+        {f: sum(min(t, key=t.get) == f for _, t in rows) for f in cost.FORMATS}.items())) + "; "
+          f"always dense within 10 %: {sum(_near(t, 'dense') for _, t in rows)}/{n}")
+
+
+def evaluate_saved(path: Path):
+    """Re-check the cost model (as it is now) against saved real-layer timings (``--real-out``)."""
+    import json
+
+    from qcompiler.sparse import cost
+    recs = json.loads(Path(path).read_text())["layers"]
+    report_agreement([(cost.LayerShape(**r["shape"]), r["ms"]) for r in recs])
 
 
 def _near(t: dict, fmt: str, tol: float = 0.10) -> bool:
@@ -220,7 +424,11 @@ def _near(t: dict, fmt: str, tol: float = 0.10) -> bool:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--what", default="all", choices=("all", "large", "models"))
+    ap.add_argument("--what", default="all", choices=("all", "large", "models", "sweep", "fit", "recheck"))
+    ap.add_argument("--real-out", type=Path, default=None,
+                    help="--what models: write the real layers' timings here; --what recheck reads them")
+    ap.add_argument("--samples", type=Path, default=ROOT / "bench" / "sparse_fit_samples.json",
+                    help="--what sweep writes the synthetic layers' timings here, --what fit reads them")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--batches", default="1,4,16", help="gemm batch sizes")
@@ -231,8 +439,14 @@ def main():
     args = ap.parse_args()
     if args.what in ("all", "large"):
         bench_large(args.rounds, args.iters, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))
+    if args.what == "sweep":
+        bench_sweep(args.dtypes.split(","), args.rounds, args.iters, args.samples)
+    if args.what == "fit":
+        fit_samples(args.samples)
     if args.what in ("all", "models"):
-        bench_models(args.models.split(","), args.sparsity, args.rounds, args.iters)
+        bench_models(args.models.split(","), args.sparsity, args.rounds, args.iters, args.real_out)
+    if args.what == "recheck":
+        evaluate_saved(args.real_out)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ For every conv/gemm with a constant weight (float or int8; run it after ``quanti
 int8 weights the artifact stores) the weight's gemm matrices ``[g, N, K]`` are measured (non-zeros,
 non-zero 1x4/4x1 blocks, 2:4 compliance) and :func:`qcompiler.sparse.cost.choose` predicts, for each
 format of :mod:`qcompiler.sparse.format`, the exact stored bytes and the time (AdaPT-style
-``MACs x non-zero fraction x word length``, plus index bits and per-format factors). ``M``, the
+``MACs x non-zero fraction x word length``, plus index bits, the target's vector padding and
+per-kernel, per-row and per-output costs), with the factors of the layer's weight dtype (int8 or
+fp32) on the options' target family (``CostModel.for_target``: x86 fitted to measurements, arm /
+cuda assumed). ``M``, the
 output columns of the im2col gemm, is the product of the result's shape without its channel axis
 (batch x output pixels; batch for a gemm).
 
@@ -20,7 +23,7 @@ layer's sparsity statistics as ``prune`` would detect them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,11 +37,18 @@ from .prune import CONV_KINDS, layers, stats
 @dataclass(frozen=True)
 class EncodeSparseOptions:
     objective: str = "time"                  # "time": fastest predicted; "size": fewest bytes
-    model: CostModel = field(default_factory=CostModel)
+    target: str = "x86"                      # target family: which kernels' cost model decides
+    model: CostModel | None = None           # None: CostModel.for_target(target)
 
     def __post_init__(self):
         if self.objective not in ("time", "size"):
             raise ValueError(f"encode-sparse: objective is 'time' or 'size', got '{self.objective}'")
+        if self.target not in ("x86", "arm", "cuda"):
+            raise ValueError(f"encode-sparse: target is 'x86', 'arm' or 'cuda', got '{self.target}'")
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.model if self.model is not None else CostModel.for_target(self.target)
 
 
 def output_columns(op) -> int:
@@ -49,13 +59,22 @@ def output_columns(op) -> int:
     return int(np.prod(shape[:-1])) if shape else 1
 
 
+def conv_kind(layer) -> tuple[bool, bool]:
+    """(a conv, a conv whose im2col X is an expansion: kernel larger than 1x1, or padded)."""
+    if layer.op.kind not in CONV_KINDS:
+        return False, False
+    kernel = tuple(layer.weight.type.shape[2:])
+    return True, bool(int(np.prod(kernel)) > 1 or any(layer.op.attrs.get("pads") or ()))
+
+
 def decide(graph: Graph, opts: EncodeSparseOptions = EncodeSparseOptions()) -> dict:
     """Measure and choose for every layer; returns (and stores) ``graph.meta["sparsity"]``."""
     rec = graph.meta.setdefault("sparsity", {"target": None, "pattern": None, "global": False, "layers": {}})
+    model = opts.cost_model                  # per target; int8 or fp32 factors by the layer's weight bits
     for layer in layers(graph):
         mats = layer.matrices()
-        s = LayerShape.of(mats, output_columns(layer.op))
-        c = choose(s, opts.model)
+        s = LayerShape.of(mats, output_columns(layer.op), *conv_kind(layer))
+        c = choose(s, model)
         fmt = c.format_time if opts.objective == "time" else c.format_size
         row = rec["layers"].setdefault(layer.op.name, {})
         now = stats(layer)

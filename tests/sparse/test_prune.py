@@ -178,7 +178,9 @@ def test_encode_sparse_records_choice():
     g = small_net()
     prune(g, sparsity=0.9)
     for objective in ("time", "size"):
-        ctx = PassContext(options={"encode-sparse": EncodeSparseOptions(objective=objective)})
+        # the assumed AdaPT-form model (arm): there a 90 % sparse fp32 conv goes sparse even this small;
+        # x86's measured model keeps tiny layers dense (tests/sparse/test_sparse_cost.py)
+        ctx = PassContext(options={"encode-sparse": EncodeSparseOptions(objective=objective, target="arm")})
         PassManager(["encode-sparse"], ctx=ctx).run(g)
         rec = g.meta["sparsity"]["layers"]
         conv = rec["conv1"]["encoding"]
