@@ -187,6 +187,13 @@ def shape_json(s) -> dict:
     return asdict(s)
 
 
+def _write_samples(out: Path, head: dict, samples: list[dict]) -> None:
+    """JSON, one sample a line."""
+    import json
+    body = ",\n".join(json.dumps(x) for x in samples)
+    out.write_text(json.dumps(head)[:-1] + ', "samples": [\n' + body + "\n]}\n")
+
+
 def bench_sweep(dtypes, rounds, iters, out: Path):
     """Time dense and every sparse variant of every :func:`sweep_cases` layer; write the samples
     (layer counts, format, seconds) as JSON for ``--what fit``."""
@@ -219,8 +226,8 @@ def bench_sweep(dtypes, rounds, iters, out: Path):
             print(f"{label:28s} {dtype:5s} {m:5d} " + " ".join(
                 f"{got.get(f'{f}@{int(s * 100)}', float('nan')) * 1e3:10.1f}"
                 for f, s, _ in (("dense", 0, ""),) + SWEEP_VARIANTS), flush=True)
-            out.write_text(json.dumps({"threads": os.environ.get("TVM_NUM_THREADS"), "rounds": rounds,
-                                       "iters": iters, "samples": samples}, indent=0))
+            _write_samples(out, {"threads": os.environ.get("TVM_NUM_THREADS"), "rounds": rounds, "iters": iters},
+                           samples)
     print(f"{len(samples)} samples in {time.time() - t0:.0f} s -> {out}")
 
 
@@ -401,11 +408,20 @@ def report_agreement(rows):
     for label, cm in (("fitted x86 defaults (synthetic sweep; these layers held out)", cost.CostModel()),
                       ("AdaPT form, assumed factors (the previous defaults)", cost.CostModel.for_target("arm"))):
         ex, dvs, near = _agreement(rows, cm)
+        dec = [(sh, t) for sh, t in rows if _decisive(t)]
+        dvs_dec = _agreement(dec, cm)[1]
         print(f"cost model vs measurement on {n} layers, {label}: exact format {ex}/{n}, "
-              f"dense-vs-sparse {dvs}/{n}, pick within 10 % of the fastest {near}/{n}")
+              f"dense-vs-sparse {dvs}/{n} ({dvs_dec}/{len(dec)} where dense and the best sparse format are "
+              f"> 10 % apart), pick within 10 % of the fastest {near}/{n}")
     print(f"fastest measured: " + ", ".join(f"{f} {c}" for f, c in sorted(
         {f: sum(min(t, key=t.get) == f for _, t in rows) for f in cost.FORMATS}.items())) + "; "
           f"always dense within 10 %: {sum(_near(t, 'dense') for _, t in rows)}/{n}")
+
+
+def _decisive(t: dict, tol: float = 0.10) -> bool:
+    """Dense and the fastest sparse format are more than ``tol`` apart (not a near-tie)."""
+    sp = min(v for f, v in t.items() if f != "dense")
+    return max(sp, t["dense"]) > (1 + tol) * min(sp, t["dense"])
 
 
 def evaluate_saved(path: Path):

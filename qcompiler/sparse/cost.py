@@ -10,17 +10,17 @@ what a real kernel on a real target does:
 * size: exact bytes of the encoding, :func:`qcompiler.sparse.format.predicted_bytes` (values, index
   arrays, row pointers) - no model needed;
 * time, for ``M`` output columns (batch x output pixels of the im2col gemm) of a ``[g, N, K]``
-  weight, per format ``f`` and weight dtype ``d`` (int8 or fp32)::
+  weight, per format ``f`` and weight dtype (int8 or fp32)::
 
-      t_f = F_f + G_f·[conv] + c_f · W_f + r_f · R_f + e_f · g·N·M + (v_f·[conv] + x_f·[im2col]) · g·K·M
+      t_f = F + G·[conv] + c_f·W_f + r_f·R_f + e_f·g·N·M + (v_f·[conv] + x_f·[im2col])·g·K·M
 
-  (units: dense bit-MACs of the dtype; ``[conv]``, ``[im2col]``: 1 for a conv, for a k x k or
-  padded conv)
+  in units of one dense bit-MAC of the dtype (``[conv]``: 1 for a conv; ``[im2col]``: 1 for a conv
+  whose X is a k x k or padded expansion), with AdaPT's term ``W_f`` and the row tiles ``R_f``:
 
   ===========  =====================================================  ========================
-  format       AdaPT work ``W_f`` (entries · columns · bits)          tiles ``R_f``
+  format       AdaPT work ``W_f`` (entries · columns · bits)          row tiles ``R_f``
   ===========  =====================================================  ========================
-  dense        ``g·up(N, tn)·up(K, tk) · M' · WL``                    -
+  dense        ``g·up(N, tn)·up(K, tk) · M · WL``                     -
   csr          ``nnz · M' · (WL + IB)``                               ``g·N · ceil(M / T)``
   bsr1x4       ``4·nnzb · M' · (WL + IB/4)``                          ``g·N · ceil(M / T)``
   bsr4x1       ``4·nnzb · M' · (WL + IB/4)``                          ``g·N/4 · ceil(M / T/2)``
@@ -31,36 +31,44 @@ what a real kernel on a real target does:
   factor: how much slower one stored entry-bit is processed than one dense bit-MAC (``c_dense = 1``
   defines the unit). What AdaPT's ideal model leaves out, and this one adds:
 
-  - the target's vector shapes: the int8 dense kernel on x86 VNNI pads output channels to the
-    ``tn = 16`` int32 lanes of ``vpdpbusd`` and the reduction to groups of ``tk = 4`` (64 MACs per
-    instruction); the sparse kernels vectorize the columns, ``M' = up(M, 16)`` (:class:`Target`);
-  - a GEMV (``M = 1``) runs different kernels (the dense gemv; the sparse row vectorized over its
-    non-zeros with gathers), so its work has its own factor ``c1_f`` (``W_f`` with ``M' = 1``);
-  - ``F_f``: a fixed cost per kernel call (loop set-up, the VM call), ``G_f`` more for a conv
-    (its packing / X stages are kernels of their own); ``r_f``: per row and
-    tile of ``T`` = 64 columns (row pointer, accumulators' load/store); ``e_f``: per output element
-    (requantization epilogue, write-back); ``v_f``: per element of a conv's ``X`` (``g·K·M``; the
-    activations re-laid out, NCHW{c} for the dense kernels, column tiles for the sparse ones);
-    ``x_f``: more per element of ``X`` when it is the im2col expansion of a k x k or padded conv (the sparse kernels' X stage computes every element's pixel
-    coordinates and bounds: 9x the input for a 3x3 conv; a 1x1 unpadded conv's X is its input, and
-    the dense kernels pack only the input). ``F_f`` and ``r_f`` make tiny layers come out dense: a sparse kernel saves work it
-    hardly has and pays its per-call and per-row costs.
+  - the target's vector shapes (:class:`Target`): the int8 dense kernel on x86 VNNI pads output
+    channels to the ``tn = 16`` int32 lanes of ``vpdpbusd`` and the reduction to groups of
+    ``tk = 4`` (64 MACs per instruction); the sparse kernels vectorize the columns,
+    ``M' = up(M, 16)``, in register tiles of ``T = 64`` columns;
+  - a GEMV (``M = 1``) runs other kernels (the dense gemv; the sparse row vectorized over its
+    non-zeros with gathers): its work ``W_f`` (with ``M' = 1``) has its own factor ``c1_f``;
+  - ``F``: the cost of a kernel call (the VM call, loop set-up), ``G`` more for a conv (packing /
+    X stages are kernels of their own) - one per dtype, shared by the formats, so that a layer too
+    small for any other term comes out a tie and stays dense by the margin; ``r_f``: per row and
+    column tile (row pointer, accumulators' load and store); ``e_f``: per output element
+    (requantization epilogue, write-back); ``v_f``: per element of a conv's ``X`` (``g·K·M``: the
+    input re-laid out, NCHW{c} for the dense kernels, column tiles for the sparse ones); ``x_f``:
+    more per element when ``X`` is the im2col expansion (every element's pixel coordinates and
+    bounds, 9x the input for a 3x3 conv).
 
-  The factors differ by weight dtype, because the kernels do: int8 dense runs on VNNI, 4 int8 MACs
-  per 32-bit lane, but int8 sparse sums its products on fp32 FMAs (exact below 2^24, kernels/
-  sparse.py), so per stored bit an int8 sparse entry costs ~4x what the AdaPT weighting says, and
-  int8 needs far more sparsity than fp32 before a sparse format pays.
+  The coefficients are per weight dtype because the kernels are: int8 dense runs on VNNI and fp32
+  dense on FMA, and per bit they cost the same (fitted: 0.61 and 0.63 ps per dense bit-MAC - AdaPT's
+  bit weighting holds for dense); but int8 CSR / BSR 4x1 sum their products on fp32 FMAs (exact below
+  2^24, kernels/sparse.py), so per stored bit an int8 entry costs ~3-6x the fp32 one relative to
+  dense (``c_csr`` 4.4 against 1.4, ``c_bsr4x1`` 8.0 against 1.2), while int8 BSR 1x4 runs on
+  ``vpdpbusd`` (``c_bsr1x4`` 1.8 against 1.5). int8 therefore needs far more sparsity before a
+  sparse format pays. ``F`` is 2.0 µs (int8) / 1.8 µs (fp32) per call, ``G`` 0.65 µs (int8).
 
-The x86 defaults are FITTED (:func:`fit`, relative-error non-negative least squares) to the
-measured times of SYNTHETIC layers only, not the real models' layers the model is then checked on::
+The x86 defaults (:data:`X86_INT8`, :data:`X86_FP32`) are FITTED (:func:`fit`: relative-error
+non-negative least squares) to measured times of SYNTHETIC layers only - random weights on a grid
+of shapes, never the real models' layers the model is checked on (bench/bench_sparse.py,
+``sweep_cases``: 19 gemms, 80 1x1 and 28 3x3 convs, 8 sparse variants each, int8 and fp32; 2286
+timings on the 2-core host, 1 thread, 7 interleaved rounds, load average ~4-5; in
+bench/sparse_fit_samples.json)::
 
-    .venv/bin/python bench/bench_sparse.py --what sweep --threads 1 --rounds 5 --iters 10
-    .venv/bin/python bench/bench_sparse.py --what fit          # prints the constants below
+    .venv/bin/python bench/bench_sparse.py --what sweep --threads 1 --rounds 7 --iters 10
+    .venv/bin/python bench/bench_sparse.py --what fit        # prints the constants below
 
-(bench/bench_sparse.py ``sweep_cases``: gemms, 1x1 and 3x3 convs on a geometric grid, 8 sparse
-variants each, int8 and fp32; samples in bench/sparse_fit_samples.json.) ARM and CUDA have no
-measurements: :meth:`CostModel.for_target` gives them AdaPT's form with assumed factors (``c_csr =
-3``, ``c_bsr = 1.5``, ``c_24 = 1.25``, 8 units per output row and column, no fixed cost).
+The fit's median relative error per format is 15-23 %; 5-fold cross-validation by layer on the
+synthetic set picks the margin (5 %: within 10 % of the fastest on 648/762 held-out rows).
+ARM and CUDA have no measurements: :meth:`CostModel.for_target` gives them AdaPT's form with the
+assumed factors (``c_csr = 3``, ``c_bsr = 1.5``, ``c_24 = 1.25``, 8 units per output row and
+column, no padding, no fixed cost) - the previous defaults.
 
 ``choose(layer)`` picks, per objective, the format of least predicted size and of least predicted
 time; a sparse format must beat dense by ``margin`` (default 5 %), so a tie stays dense.
