@@ -14,9 +14,13 @@ Runs between the float pipeline and the ``quantize`` pass (``qcompile --dtype in
 The result is the QuantizeOptions the pass runs with (keep_float += the selection, the shared
 ``ranges`` of the one calibration, bias correction as the evaluation had it) and the JSON parts of
 the report: ``sensitivity`` (rows) and ``selection`` (budget, met, every float layer with its reason).
-The SQNR budget is measured on the first samples of the calibration data; the build report then
-evaluates the result on held-back data. The accuracy budget needs labelled ``--eval`` data and is
-measured on it.
+The SQNR budget is measured on the ``--sensitivity-samples`` samples of the calibration source that
+follow the calibration samples and the report's evaluation samples (:func:`selection_data`; on the
+first calibration samples only when the source holds no more: optimistic, the ranges were fitted to
+them), and checked at the 95 % bootstrap lower bound over those samples, not at the point estimate
+(``--budget-confidence``; the math in :mod:`qcompiler.quant.select`). The build report then
+evaluates the result on its held-back samples, which the selection did not see either. The accuracy
+budget needs labelled ``--eval`` data and is measured on it (bootstrap upper bound of the drop).
 """
 from __future__ import annotations
 

@@ -39,6 +39,9 @@ Contract (what callers, e.g. the latency-aware benchmark, can rely on)::
   island boundaries included by the caller); lower is better. ``None``: the smallest set with the
   best score (accuracy-only greedy). The set size is minimized first (prune, exchange); ``cost``
   decides between moves that meet the budget or tie, and between final sets of the same size.
+* ``confirm(S) -> float`` (optional): a validation split: the budget holds only if
+  ``confirm(S) >= budget`` too (e.g. the SQNR on samples the scores did not come from); moves are
+  still ranked by ``evaluate``, so the search goes on adding float layers until both hold.
 * Returns :class:`Selection`: the float set, whether the budget holds, its score (and cost), each
   float layer's marginal gain (score with it minus score without it), and the steps taken.
 
@@ -123,10 +126,13 @@ class Selection:
 
 
 class _Search:
-    def __init__(self, evaluate: Evaluate, cost: Cost | None, budget: float, tie: float, max_evaluations):
+    def __init__(self, evaluate: Evaluate, cost: Cost | None, budget: float, tie: float, max_evaluations,
+                 confirm: Evaluate | None = None):
         self._evaluate, self._cost, self.budget, self.tie = evaluate, cost, budget, tie
+        self._confirm = confirm
         self.max_evaluations = max_evaluations
         self.scores: dict[frozenset, float] = {}
+        self.confirmed: dict[frozenset, float] = {}
         self.costs: dict[frozenset, float] = {}
 
     def score(self, s: frozenset) -> float:
@@ -145,7 +151,11 @@ class _Search:
         return self.max_evaluations is not None and len(self.scores) >= self.max_evaluations
 
     def meets(self, s: frozenset) -> bool:
-        return self.score(s) >= self.budget
+        if self.score(s) < self.budget:
+            return False
+        if self._confirm is not None and s not in self.confirmed:
+            self.confirmed[s] = float(self._confirm(s))
+        return self._confirm is None or self.confirmed[s] >= self.budget
 
     def best(self, sets: list[frozenset], order: dict) -> frozenset:
         """The best of ``sets``: those meeting the budget by (cost, -score); else the highest score,
@@ -161,13 +171,13 @@ class _Search:
 def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: float, *,
                         cost: Cost | None = None, shortlist: int | None = None, tie: float = TIE,
                         max_evaluations: int | None = None, unit: str = "dB",
-                        prior: list[str] | None = None, groups: Iterable[Iterable[str]] | None = None
-                        ) -> Selection:
+                        prior: list[str] | None = None, groups: Iterable[Iterable[str]] | None = None,
+                        confirm: Evaluate | None = None) -> Selection:
     """The smallest (then cheapest) set of candidate layers to keep float so that
     ``evaluate(set) >= budget``; see the module docstring for the contract and the algorithm."""
     cands = list(dict.fromkeys(candidates))
     rank = {c: i for i, c in enumerate(cands)}
-    se = _Search(evaluate, cost, budget, tie, max_evaluations)
+    se = _Search(evaluate, cost, budget, tie, max_evaluations, confirm)
     empty = frozenset()
     steps: list[dict] = []
 
