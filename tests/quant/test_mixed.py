@@ -99,3 +99,31 @@ def test_keep_float_type_force_int8_and_reasons(tmp_path):
     why = rep["selection"]["float_layer_reasons"]
     assert why == {"g1": "--keep-float", "sm": "default rule: Softmax stays float"}
     assert [r["layer"] for r in rep["sensitivity"]["rows"]] == ["g2"]      # the only candidate left
+
+
+def test_accuracy_budget_at_the_bootstrap_bound(tmp_path):
+    """--max-accuracy-drop is checked at the 95th percentile of the bootstrap drop: report.json's
+    score is minus that bound (at most minus the point drop), the point drop is reported beside it,
+    and --budget-confidence 0 gives the point estimate back."""
+    import onnxruntime as ort
+    m = tiny_onnx(tmp_path / "m.onnx")
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 1, (96, 16)).astype(np.float32)
+    sess = ort.InferenceSession(m)
+    y = np.array([sess.run(None, {"x": x[i:i + 1]})[0].argmax() for i in range(96)])
+    y[::6] = (y[::6] + 1) % 10                          # fp32 is wrong on every sixth sample
+    np.savez(tmp_path / "ev.npz", x=x, y=y)
+    np.save(tmp_path / "c.npy", x[:32])
+    reps = {}
+    for conf in ("0.95", "0"):
+        out = tmp_path / f"out{conf}"
+        rc, err = run([m, "--dtype", "int8", "--calib", str(tmp_path / "c.npy"), "--eval", str(tmp_path / "ev.npz"),
+                       "--eval-samples", "96", "--sensitivity-samples", "96", "--max-accuracy-drop", "10",
+                       "--budget-confidence", conf, "--layer-costs", "off", "-q", "-o", str(out)])
+        assert rc == 0, err
+        reps[conf] = json.loads((out / "report.json").read_text())["selection"]
+    b, p = reps["0.95"], reps["0"]
+    assert b["criterion"]["name"] == "bootstrap bound" and p["criterion"]["name"] == "point estimate"
+    assert b["score"] < b["point"] <= 0 and b["baseline"] < b["baseline_point"]      # measured: -6.25 < -3.125
+    assert p["score"] == p["point"] == b["point"] and p["baseline"] == b["baseline_point"]
+    assert b["met"] == (b["score"] >= -10) and p["met"] == (p["score"] >= -10)
