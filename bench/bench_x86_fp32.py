@@ -7,6 +7,10 @@
 Both sides use 2 threads (TVM_NUM_THREADS=2, ORT intra_op_num_threads=2). Latency is the median
 over ``--rounds`` interleaved rounds (TVM, then ORT) of the median of ``--iters`` runs each, so
 that load from other processes hits both alike. The ratio is TVM / ORT (< 1: TVM faster).
+Spinning, as in bench/bench_int8.py: idle worker threads of neither engine busy-wait
+(TVM_THREAD_POOL_SPIN_COUNT=0, ORT session.intra_op.allow_spinning=0); with spinning, the thread ORT
+leaves spinning after ``run`` holds a core while TVM's next call waits for its worker (measured:
+uspsnet 0.05 ms alone, 4-7 ms right after an ORT run). ``--spin`` turns spinning back on in both.
 Compile time is lower (kernel building + scheduling) plus tvm.compile (LLVM).
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
+if "--spin" not in sys.argv:
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")    # see "Spinning" in the docstring
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -26,13 +32,23 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 import realmodels  # noqa: E402
-from realmodels import all_models, ort_session  # noqa: E402
+from realmodels import all_models  # noqa: E402
+
+
+def ort_session(model, threads: int, spin: bool = False):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    src = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
 from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
-def bench_model(m, rounds: int, iters: int, threads: int, passes: str = "default"):
+def bench_model(m, rounds: int, iters: int, threads: int, passes: str = "default", spin: bool = False):
     import tvm
     from tvm import relax
 
@@ -50,7 +66,7 @@ def bench_model(m, rounds: int, iters: int, threads: int, passes: str = "default
     feeds = m.feeds()
     args = [tvm.runtime.tensor(feeds[v.name]) for v in g.inputs]
     f = vm["main"]
-    sess = ort_session(m.load(), threads=threads)
+    sess = ort_session(m.load(), threads, spin)
     out = f(*args)
     got = [o.numpy() for o in (list(out) if not isinstance(out, tvm.runtime.Tensor) else [out])]
     refs = sess.run(None, feeds)
@@ -74,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", default="default", help="pass pipeline before codegen (default: qcompile's)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spin", action="store_true", help="let idle worker threads busy-wait (both engines)")
     a = ap.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
     models = []
@@ -92,7 +109,7 @@ def main(argv=None) -> int:
     for m in models:
         shape = "x".join(map(str, next(iter((m.input_shapes or realmodels._declared_inputs(m.proto())).values()))))
         try:
-            r = bench_model(m, a.rounds, a.iters, a.threads, a.passes)
+            r = bench_model(m, a.rounds, a.iters, a.threads, a.passes, a.spin)
         except Exception as e:  # noqa: BLE001 - report and go on with the next model
             print(f"{m.name:22s} {shape:>16s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
             continue
