@@ -69,8 +69,9 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                         "keep it float (repeatable; an op with no integer kernel is an error)")
     q.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
                    help="budget: keep the fewest layers float so that the output SQNR vs fp32 is at least "
-                        "DB at the --budget-confidence bootstrap lower bound over the first "
-                        "--sensitivity-samples calibration samples (greedy with re-evaluation, then pruned)")
+                        "DB at the --budget-confidence bootstrap lower bound over --sensitivity-samples "
+                        "samples of the --calib source after the calibration and --eval-samples ones (the "
+                        "first calibration samples if it has no more; greedy with re-evaluation, then pruned)")
     q.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
                    help="budget: keep the fewest layers float so that top-1 accuracy on the labelled "
                         "--eval data drops at most POINTS percentage points vs fp32 (bootstrap upper bound)")
@@ -78,7 +79,7 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                    help="measure and report the per-layer sensitivity table (only-this-int8 / "
                         "only-this-float SQNR, KL, RMSE) even without a budget")
     q.add_argument("--sensitivity-samples", type=int, default=64, metavar="N",
-                   help="samples the sensitivity and the budget are measured on (default 64)")
+                   help="samples the sensitivity and the SQNR budget are measured on (default 64)")
     q.add_argument("--budget-confidence", type=float, default=0.95, metavar="C",
                    help="the budget must hold with confidence C for data like the selection samples: "
                         "percentile bootstrap over the samples (1000 resamples, fixed seed) of the dataset "
