@@ -117,6 +117,23 @@ def test_real_lowering_end_to_end(tmp_path, tiny):
     np.testing.assert_allclose(y, tiny.reference(g, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_vm_checks_inputs_although_kernels_have_no_asserts(tmp_path, tiny, bad):
+    """Kernels are built without TIR argument asserts (lower.tvm_compile): a host that calls the
+    library's ``main`` directly (C++ deploy, no qcompiler.runtime checks in front) with a wrong shape
+    or dtype must still get the Relax VM's error, not a kernel reading past a buffer."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    out = write_artifact(tiny.graph(), TargetSpec("x86"), tmp_path / "OUT")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / "model.so")), tvm.cpu())
+    good = np.zeros((1, 16), np.float32)
+    assert vm["main"](tvm.runtime.tensor(good)).numpy().shape == (1, 8)
+    x = np.zeros((2, 16), np.float32) if bad == "shape" else np.zeros((1, 16), np.float64)
+    with pytest.raises(Exception, match="match_cast|dtype"):
+        vm["main"](tvm.runtime.tensor(x))
+
+
 def test_stale_temp_folders_of_dead_writers_are_swept(tmp_path, tiny):
     dead = tmp_path / ".OUT.tmp-999999999-abcd1234"       # no such pid
     dead.mkdir()
