@@ -98,16 +98,7 @@ def requant_fn(ctx, a, out_type, channels: int | None, fold=None):
         return _hardswish_fn(ctx, a, out_type, channels, fold)
     qp = out_type.quant
     lo, hi = activation_clamp(a.get("activation", "") or "", a.get("activation_params") or [], qp)
-    m, s = list(a["multiplier"]), list(a["shift"])
-    n = channels or 1
-    if len(m) == 1:
-        m = m * n
-    if len(s) == 1:
-        s = s * n
-    # m < 2^31 is stored as int32 (half the constant) and widened to int64 at use
-    fm = _channel_vec(ctx, m, I32, "rq_m")
-    fs = _channel_vec(ctx, s, I64, "rq_s")
-    fr = _rounding(fs) if fold is None else _channel_vec(ctx, _fold_terms(fold, m, s), I64, "rq_k")
+    fm, fs, fr = _multiply_terms(ctx, a, channels or 1, fold, "rq")
     zo = tirx.const(int(qp.zero_point[0]), I64)
     lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
 
@@ -117,6 +108,23 @@ def requant_fn(ctx, a, out_type, channels: int | None, fold=None):
         v = tirx.shift_right(v, fs(ch)) + zo
         return tirx.max(tirx.min(v, hi_c), lo_c)
     return rq
+
+
+def _per_channel(vals, n: int) -> list[int]:
+    """A per-channel list of ``n`` ints (one value given: repeated)."""
+    vals = [int(v) for v in vals]
+    return vals * n if len(vals) == 1 else vals
+
+
+def _multiply_terms(ctx, a, n: int, fold, prefix: str):
+    """``(m_c, s_c, r_c)`` of ``rrs(acc·m, s) = (acc·m_c + r_c) >> s_c`` as channel functions: m < 2^31
+    stored as int32 (half the constant) and widened at use, r_c the rounding term from the shift, or
+    with ``fold`` the constant ``k_c`` of :func:`_fold_terms` in its place."""
+    m, s = _per_channel(a["multiplier"], n), _per_channel(a["shift"], n)
+    fm = _channel_vec(ctx, m, I32, f"{prefix}_m")
+    fs = _channel_vec(ctx, s, I64, f"{prefix}_s")
+    fr = _rounding(fs) if fold is None else _channel_vec(ctx, _fold_terms(fold, m, s), I64, f"{prefix}_k")
+    return fm, fs, fr
 
 
 def _fold_terms(fold, m, s) -> list[int]:
@@ -144,16 +152,8 @@ def _hardswish_fn(ctx, a, out_type, channels: int | None, fold=None):
     n = channels or 1
 
     def vec(vals, dtype, name):
-        vals = [int(v) for v in vals]
-        return _channel_vec(ctx, vals * n if len(vals) == 1 else vals, dtype, name)
-    s = list(a["shift"])
-    fm, fs = vec(a["multiplier"], I32, "hs_m"), vec(s, I64, "hs_s")
-    if fold is None:
-        fr = _rounding(fs)
-    else:                                           # the bias folded into k_c, as in requant_fn
-        ms = [int(v) for v in a["multiplier"]]
-        fr = _channel_vec(ctx, _fold_terms(fold, ms * n if len(ms) == 1 else ms, s * n if len(s) == 1 else s),
-                          I64, "hs_k")
+        return _channel_vec(ctx, _per_channel(vals, n), dtype, name)
+    fm, fs, fr = _multiply_terms(ctx, a, n, fold, "hs")
     cb, c1, m2, s2, ph = a["hardswish"]
     fcb, fc1, fph = vec(cb, I64, "hs_cb"), vec(c1, I64, "hs_c1"), vec(ph, I64, "hs_ph")
     fm2, fs2 = vec(m2, I32, "hs_m2"), vec(s2, I64, "hs_s2")
@@ -194,14 +194,24 @@ def qconv2d(ctx, a, ins, outs):
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at
+    return [requantized(ctx, a, outs[0], w, bias, zx, acc_at)]
+
+
+def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
+    """The output of a QLinearConv/QLinearGemm kernel (dense or sparse) over its int32 accumulator
+    ``acc_at(idx)`` = Σ x·w at the logical output index (channel ``idx[1]``): plus the folded bias
+    ``fold_c = bias_c - z·Σ w_c`` (z: the activation zero point the accumulator was taken with),
+    requantized with :func:`requant_fn`; the bias goes into its constant k_c when
+    :func:`_foldable`, else it is added in int32 first."""
+    k = w.shape[0]
     fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
-        - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+        - z * w.astype(np.int64).reshape(k, -1).sum(axis=1)
     if _foldable(w, fold):
-        rq = requant_fn(ctx, a, outs[0], k, fold=fold)
-        return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(acc_at(idx), idx[1]))]
+        rq = requant_fn(ctx, a, out, k, fold=fold)
+        return Lazy(out.shape, out.dtype, lambda idx: rq(acc_at(idx), idx[1]))
     fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
-    rq = requant_fn(ctx, a, outs[0], k)
-    return [Lazy(out_shape, outs[0].dtype, lambda idx: rq(acc_at(idx) + fb(idx[1]), idx[1]))]
+    rq = requant_fn(ctx, a, out, k)
+    return Lazy(out.shape, out.dtype, lambda idx: rq(acc_at(idx) + fb(idx[1]), idx[1]))
 
 
 # ---- QLinearGemm ----------------------------------------------------------------------------------
@@ -219,14 +229,7 @@ def qgemm(ctx, a, ins, outs):
         acc_at, za = qdot.dense(ctx, A, w, za, isa)
     else:
         acc_at = _dense_int16(ctx, A, w, m, n, kk)
-    fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
-        - za * w.astype(np.int64).sum(axis=1)
-    if _foldable(w, fold):
-        rq = requant_fn(ctx, a, outs[0], n, fold=fold)
-        return [Lazy((m, n), outs[0].dtype, lambda idx: rq(acc_at(idx[0], idx[1]), idx[1]))]
-    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
-    rq = requant_fn(ctx, a, outs[0], n)
-    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(acc_at(idx[0], idx[1]) + fb(idx[1]), idx[1]))]
+    return [requantized(ctx, a, outs[0], w, bias, za, lambda idx: acc_at(idx[0], idx[1]))]
 
 
 def _dense_int16(ctx, A, w, m, n, kk):

@@ -35,9 +35,8 @@ coalesced; the row's weights broadcast). The x86 schedule of the X and epilogue 
 width so that it reads contiguous input rows).
 
 Exactness: the int8 accumulator is ``Σ x·w`` over the stored integers, the same integer as the
-dense kernels' (zeros contribute nothing), and the zero point is folded into the bias exactly as
-:func:`.quant.qgemm` / :func:`.quant.qconv2d` do, with the same ``requant_fn``: results are
-bit-exact. Two ways to form that sum: while ``max|x| · max_n Σ_k |w[n, k]| < 2^24`` (checked at
+dense kernels' (zeros contribute nothing), and the zero point, the bias and the requantization
+are the dense kernels' own epilogue (:func:`.quant.requantized`): results are bit-exact. Two ways to form that sum: while ``max|x| · max_n Σ_k |w[n, k]| < 2^24`` (checked at
 compile time, :func:`.conv.exact_f32_bound`) X is stored as float32 and the sum runs on float32
 FMAs (every partial sum is an integer below 2^24, so exact; 16 lanes per FMA instead of a
 widen-multiply-widen-add chain per 16 int16 products); past the bound, products are formed in
@@ -450,15 +449,15 @@ def gemm(ctx, a, ins, outs, fmt: str):
 
 def qgemm(ctx, a, ins, outs, fmt: str):
     """QLinearGemm with a sparse int8 weight: the accumulator of :func:`spmm`, then the zero-point
-    fold and requantization of :func:`.quant.qgemm` (bit-exact with the dense kernel)."""
-    from .quant import _channel_vec, requant_fn
+    fold and requantization of :func:`.quant.requantized` (bit-exact with the dense kernel)."""
+    from .quant import requantized
     A = ins[0]
     w = ctx.const_data(1)                                   # N x K
     if w is None:
         return None
     za = _zp(ctx, 0)
     bias = ctx.const_data(2)
-    m, n = outs[0].shape
+    m = outs[0].shape[0]
     kk = w.shape[1]
     kp = padded_k(fmt, kk)
     isa = _vnni_isa(ctx, fmt, A.dtype)
@@ -471,11 +470,7 @@ def qgemm(ctx, a, ins, outs, fmt: str):
         X = _gemm_x(ctx, A, kk, kp, za, _int_mode(A.dtype, w), fmt)
     Y = spmm(ctx, X, encode_groups(w[None], fmt), groups=1, kp=kp, integer=True)
     ctx.schedule("sparse")
-    fold = (bias.astype(np.int64) if bias is not None else np.zeros(n, np.int64)) \
-        - za * w.astype(np.int64).sum(axis=1)
-    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
-    rq = requant_fn(ctx, a, outs[0], n)
-    return [Lazy((m, n), outs[0].dtype, lambda idx: rq(cast(Y[0, idx[1], idx[0]], I32) + fb(idx[1]), idx[1]))]
+    return [requantized(ctx, a, outs[0], w, bias, za, lambda idx: cast(Y[0, idx[1], idx[0]], I32))]
 
 
 def _conv_x(ctx, a, x, w_shape, out_shape, kp: int, fill, dtype: str, fmt: str, vnni=None) -> te.Tensor:
@@ -564,24 +559,19 @@ def conv2d(ctx, a, ins, outs, fmt: str):
 def qconv2d(ctx, a, ins, outs, fmt: str):
     """QLinearConv with a sparse int8 weight; padding holds the zero point, folded as in
     :func:`.quant.qconv2d` (bit-exact with the dense kernel)."""
-    from .quant import _channel_vec, requant_fn
+    from .quant import requantized
     x, w = ins[0], ctx.const_data(1)
     if w is None or x.rank != 4:
         return None
     zx = _zp(ctx, 0)
     bias = ctx.const_data(2)
-    k = w.shape[0]
     isa = _vnni_isa(ctx, fmt, x.dtype)
     if isa is not None:                  # vpdpbusd reads uint8: int8 x is stored x ^ 0x80, z + 128
         acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, x.dtype, True, vnni=isa)   # padding: x = z_x
         zx = qdot.effective_zp(isa, x.dtype, zx)
     else:
         acc = _conv_acc(ctx, a, x, w, outs, fmt, zx, _int_mode(x.dtype, w), True)
-    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
-        - zx * w.astype(np.int64).reshape(k, -1).sum(axis=1)
-    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
-    rq = requant_fn(ctx, a, outs[0], k)
-    return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(acc.at(idx) + fb(idx[1]), idx[1]))]
+    return [requantized(ctx, a, outs[0], w, bias, zx, acc.at)]
 
 
 BUILDERS = {"Gemm": gemm, "FusedGemm": gemm, "MatMul": gemm, "Conv": conv2d, "FusedConv": conv2d,
