@@ -237,7 +237,7 @@ def load_model(args):
 def quantize_options(graph, args):
     """QuantizeOptions from the calibration flags; calibration data is required (or 'random')."""
     from .passes.quantize import QuantizeOptions
-    from .quant.data import Preprocess, open_dataset
+    from .quant.data import open_dataset
     if args.calib is None:
         raise UserError("quantization needs calibration data", "--calib",
                         "give --calib DATA.npz|IMAGE_FOLDER, or --calib random to calibrate on noise")
@@ -245,9 +245,8 @@ def quantize_options(graph, args):
         raise UserError(f"--calib-samples must be positive, got {args.calib_samples}", "--calib-samples")
     calib = None
     if args.calib != "random":
-        pre = Preprocess.parse(args.preprocess) if args.preprocess else None
-        calib = open_dataset(args.calib, graph.inputs, samples=args.calib_samples, preprocess=pre,
-                             batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
+        calib = open_dataset(args.calib, graph.inputs, samples=args.calib_samples, preprocess=_preprocess(args),
+                             batch=_batch(graph.inputs))
     return QuantizeOptions(method=args.calib_method, percentile=args.percentile, per_channel=not args.per_tensor,
                            calib=calib, keep_float=frozenset(args.keep_float), progress=not args.quiet,
                            random_samples=min(args.calib_samples, 64),
@@ -277,6 +276,17 @@ def prune_options(args):
                         "--sparsity-global", "drop it, or use --sparsity-pattern unstructured|block4")
     return PruneOptions(sparsity=f, pattern=pattern or "unstructured", global_=args.sparsity_global,
                         skip=frozenset(args.no_prune))
+
+
+def _preprocess(args):
+    """--preprocess as a Preprocess (None: not given), for every dataset the compile opens."""
+    from .quant.data import Preprocess
+    return Preprocess.parse(args.preprocess) if args.preprocess else None
+
+
+def _batch(inputs) -> int:
+    """The batch the model was compiled for: the first input's leading dimension (1 without one)."""
+    return inputs[0].shape[0] if inputs and inputs[0].shape else 1
 
 
 def run_pipeline(graph, args, log, evaluation=None):
@@ -320,11 +330,9 @@ def run_pipeline(graph, args, log, evaluation=None):
                                                                     args.layer_costs, log)
         sel_data = None
         if req.min_sqnr is not None or req.sensitivity:       # measured past calibration and evaluation samples
-            from .quant.data import Preprocess
-            sel_data = mixed.selection_data(
-                graph.inputs, evaluation, calib=args.calib, calib_samples=args.calib_samples,
-                samples=args.sensitivity_samples, preprocess=Preprocess.parse(args.preprocess) if args.preprocess
-                else None, batch=graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1)
+            sel_data = mixed.selection_data(graph.inputs, evaluation, calib=args.calib,
+                                            samples=args.sensitivity_samples, preprocess=_preprocess(args),
+                                            batch=_batch(graph.inputs))
         ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
                                                                 eval_data=evaluation, select_data=sel_data, log=log,
                                                                 cost=costs.latency if costs else None)
@@ -456,11 +464,9 @@ def _cmd_compile(args, log) -> int:
     evaluation = None
     if spec.dtype == "int8":                   # held-back data for the build report; bad --eval fails early
         from .quant import report
-        from .quant.data import Preprocess
         evaluation = report.eval_data(g.inputs, samples=args.eval_samples, calib=args.calib,
                                       calib_samples=args.calib_samples, eval_path=args.eval,
-                                      preprocess=Preprocess.parse(args.preprocess) if args.preprocess else None,
-                                      batch=g.inputs[0].shape[0] if g.inputs and g.inputs[0].shape else 1,
+                                      preprocess=_preprocess(args), batch=_batch(g.inputs),
                                       random_calib_samples=min(args.calib_samples, 64))
     ops_before, params_before = g.op_histogram(), g.param_count()
     pm = run_pipeline(g, args, log, evaluation)

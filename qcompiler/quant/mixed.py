@@ -209,7 +209,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     return opts, parts
 
 
-def selection_data(inputs, evaluation, *, calib: str | None, calib_samples: int, samples: int,
+def selection_data(inputs, evaluation, *, calib: str | None, samples: int,
                    preprocess=None, batch: int = 1):
     """Where ``--min-sqnr`` is measured: the ``samples`` samples of the calibration source after
     the calibration samples and the report's evaluation samples (an
