@@ -7,8 +7,9 @@ fp32 (`python examples/demo.py fp32`):
    compare with ONNX Runtime on the original model: largest difference and top-1 accuracy.
 
 int8 (`python examples/demo.py int8`):
-4. `qcompile --dtype int8` calibrating on the first 256 bundled test images (the build report's
-   table is printed; out/fashion_mobilenet_x86_int8/ holds report.json and report.html);
+4. `qcompile --dtype int8 --debug-layers` calibrating on the first 256 bundled test images (the
+   build report's table is printed; out/fashion_mobilenet_x86_int8/ holds report.json and
+   report.html; --debug-layers adds what step 6 needs);
 5. top-1 accuracy of the int8 artifact on the other 744 images beside fp32 ONNX Runtime;
 6. `qcompile verify`: the int8 artifact against its QDQ export in ONNX Runtime, layer by layer in LSB.
 
@@ -67,7 +68,7 @@ def int8(x, y):
     out = OUT + "_int8"
     t0 = time.perf_counter()
     qcompile(MODEL, "--target", "x86", "--dtype", "int8", "--calib", DATA, "--calib-samples", str(CALIB),
-             "-o", out)
+             "--debug-layers", "-o", out)
     print(f"compiled in {time.perf_counter() - t0:.1f} s")
     held = os.path.join(ROOT, "out", "fashion_heldback.npy")
     np.save(held, x[CALIB:])

@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with a budget (--min-sqnr/--max-accuracy-drop): per-layer int8/float latency for "
                         "choosing among sets that meet it: 'measure' times every kernel on this host (x86; "
                         "else the model), 'model' an analytic MAC/byte model, 'off' accuracy only")
+    c.add_argument("--debug-layers", action="store_true",
+                   help="with --dtype int8 (x86, arm): also build the per-layer functions and write the "
+                        "quantized IR (OUT/model.qir) that `qcompile verify` needs; off by default, as they "
+                        "make the artifact larger (model.qir holds every weight again)")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
 
@@ -433,7 +437,7 @@ def _target_spec(args):
     return TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
                       features=tuple(f.strip() for f in args.features.split(",") if f.strip()),
-                      float_dtype=args.float_dtype)
+                      float_dtype=args.float_dtype, debug_layers=args.debug_layers)
 
 
 def _cmd_compile(args, log) -> int:
@@ -448,6 +452,10 @@ def _cmd_compile(args, log) -> int:
         if spec.dtype != "int8":
             raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
         check_output_path(args.export_qdq, is_dir=False)
+    if args.debug_layers and (spec.dtype != "int8" or spec.family == "cuda"):
+        raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
+                        f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
+                        "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")
     if spec.dtype != "int8" and args.eval:
         raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval", "add --dtype int8")
     if spec.dtype == "int8":

@@ -8,8 +8,8 @@ compared layer by layer, in quantization steps (LSB)::
     ORT    r_k  = the same value in ONNX Runtime (the QDQ model's QuantizeLinear of that name)
     LSB_k  = max |q_k - r_k|             (integers; a float r_k: |(q_k - z_k) s_k - r_k| / s_k)
 
-Where our values come from: an int8 artifact (:mod:`qcompiler.codegen.artifact`) holds
-``model.qir`` (the quantized IR text: names, quantization parameters, weights) and its
+Where our values come from: an int8 artifact compiled with ``--debug-layers``
+(:mod:`qcompiler.codegen.artifact`) holds ``model.qir`` (the quantized IR text: names, quantization parameters, weights) and its
 ``model.so`` has, next to ``main``, a Relax function ``debug`` that makes the *same* kernel calls
 as ``main`` (same compiled PrimFuncs, same constants) and returns every stored integer value in
 its stored layout (NCHW{b}c blocks are undone here). So the per-layer numbers are those of the
@@ -142,6 +142,10 @@ def read_quantized(out_dir: str | Path):
     if m["target"]["family"] == "cuda":
         raise UserError("verify runs x86 and arm artifacts; cuda artifacts have no debug functions yet", str(out),
                         "compile the same model for --target x86 or arm and verify that")
+    if m["target"].get("dtype") == "int8" and debug is None:
+        raise UserError("artifact was compiled without --debug-layers: it has no per-layer functions and no "
+                        "quantized IR to verify against", str(out),
+                        "compile the model again with --debug-layers (the deployed kernels are the same)")
     if not isinstance(debug, dict) or "ir" not in debug:
         dtype = m["target"].get("dtype", "?")
         raise UserError(f"artifact is not a quantized int8 artifact (dtype {dtype}, no quantized IR in its "

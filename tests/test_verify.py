@@ -38,11 +38,11 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def compile_int8(tmp, model, calib: np.ndarray, *extra) -> str:
+def compile_int8(tmp, model, calib: np.ndarray, *extra, debug: bool = True) -> str:
     np.save(tmp / "calib.npy", calib)
     out = tmp / "OUT"
-    assert main([str(model), "--dtype", "int8", "--calib", str(tmp / "calib.npy"),
-                 "--calib-samples", str(len(calib)), "-o", str(out), "-q", *extra]) == 0
+    assert main([str(model), "--dtype", "int8", "--calib", str(tmp / "calib.npy"), "--calib-samples", str(len(calib)),
+                 *(["--debug-layers"] if debug else []), "-o", str(out), "-q", *extra]) == 0
     return out
 
 
@@ -157,7 +157,7 @@ def test_debug_functions_are_the_compiled_kernels(fashion):
     from tvm import relax
     from qcompiler.codegen.lower import lower
     from qcompiler.codegen.target import TargetSpec
-    spec = TargetSpec("x86", dtype="int8")
+    spec = TargetSpec("x86", dtype="int8", debug_layers=True)
     mod = lower(g, spec)
     target = tvm.target.Target(spec.tvm)
     with target:
@@ -241,3 +241,22 @@ def test_arm_artifact_without_qemu(capsys, tmp_path, fashion, monkeypatch):
     (fake / "manifest.json").write_text(json.dumps(m))
     monkeypatch.setattr(arm, "emulation_problems", lambda: [f"no qemu-aarch64 ({arm.APT_INSTALL})"])
     one_line_error(capsys, "verify", fake, "--data", data, want="no qemu-aarch64 (apt-get install")
+
+
+def test_debug_layers_are_opt_in_and_leave_main_unchanged(capsys, tmp_path, fashion):
+    """Without --debug-layers the folder holds only what a device needs (no model.qir, no debug
+    functions, a smaller model.so), ``main`` computes the very same integers, and verify says
+    in one line how to get an artifact it can check."""
+    from qcompiler.runtime import load
+    out, data = fashion
+    x = np.load(data)[:32]
+    lean = compile_int8(tmp_path, rm.MODELS_DIR / "fashion_mobilenet.onnx", rm.fashion_test()[0][:256], debug=False)
+    assert not (lean / "model.qir").exists() and "debug" not in read_manifest(lean)
+    assert (lean / "model.so").stat().st_size < (out / "model.so").stat().st_size
+    a, b = load(out), load(lean)
+    for i in range(len(x)):
+        assert np.array_equal(a(x[i:i + 1]), b(x[i:i + 1]))
+    one_line_error(capsys, "verify", lean, "--data", data, want="compiled without --debug-layers")
+    one_line_error(capsys, rm.MODELS_DIR / "mnistnet.onnx", "--debug-layers", "-o", tmp_path / "f32",
+                   want="--debug-layers adds the per-layer functions")
+    assert not (tmp_path / "f32").exists()

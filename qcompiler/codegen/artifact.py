@@ -13,8 +13,9 @@ Per target family the library is exported with:
 * arm: the cross compiler ``aarch64-linux-gnu-g++`` (``$QCOMPILER_AARCH64_CXX`` overrides, see :mod:`.arm`);
 * cuda: the host compiler, with the fatbin compiled by :mod:`.cuda_aot` embedded.
 
-A quantized graph also gets ``OUT/model.qir`` (its IR text) and a ``debug`` entry in the manifest
-naming the values that the library's ``debug`` function returns (see :func:`write_debug_ir`).
+A quantized graph built with ``spec.debug_layers`` (``--debug-layers``) also gets ``OUT/model.qir``
+(its IR text) and a ``debug`` entry in the manifest naming the values that the library's ``debug``
+function returns (see :func:`write_debug_ir`); without it the folder holds only what a device needs.
 """
 from __future__ import annotations
 

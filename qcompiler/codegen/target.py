@@ -22,6 +22,7 @@ class TargetSpec:
     features: tuple[str, ...] = field(default_factory=tuple)   # LLVM mattr, e.g. ("+dotprod", "+fullfp16")
     num_threads: int | None = None
     float_dtype: str = "fp32"                # storage of the float layers of an int8 build: fp32 | fp16
+    debug_layers: bool = False               # int8 x86/arm: add the per-layer functions of `qcompile verify`
 
     def __post_init__(self):
         if self.family not in FAMILIES:

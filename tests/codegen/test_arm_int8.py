@@ -36,7 +36,7 @@ from qcompiler.verify import verify
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
 from test_quantize_real import import_batched  # noqa: E402
 
-SPEC = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"))
+SPEC = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"), debug_layers=True)
 BATCH, N_CALIB, N_TEST = 50, 250, 500
 _missing = arm.emulation_problems()
 pytestmark = [pytest.mark.qemu,

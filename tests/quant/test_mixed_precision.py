@@ -33,8 +33,8 @@ from qcompiler.quant import reference
 from qcompiler.quant.qdq_export import export_qdq
 from qcompiler.verify import verify
 
-ARM = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"))
-X86 = TargetSpec("x86", dtype="int8")
+ARM = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"), debug_layers=True)
+X86 = TargetSpec("x86", dtype="int8", debug_layers=True)
 _no_qemu = arm.emulation_problems()
 TOL = {"fp32": 5e-2, "fp16": 2e-1}
 
