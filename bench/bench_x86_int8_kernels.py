@@ -4,6 +4,7 @@
     python bench/bench_x86_int8_kernels.py --what layers --rounds 7
     python bench/bench_x86_int8_kernels.py --what models --models fashion,cls
     python bench/bench_x86_int8_kernels.py --features=-avx512vnni,-avxvnni   # the AVX2 (no VNNI) path
+    python bench/bench_x86_int8_kernels.py --what kernels --models cls --threads 1   # per-kernel profile
 
 Layers: one convolution (or gemm) per graph, fp32 ``Conv`` against ``QLinearConv`` on uint8
 input/output with per-channel int8 weights and the fused requantization (no Quantize/Dequantize
@@ -15,6 +16,14 @@ Both variants are compiled for the same TargetSpec (``--features`` adds LLVM mat
 VNNI); latency is the median over ``--rounds`` interleaved rounds (fp32, then int8) of the median
 of ``--iters`` calls each, so that load from other processes hits both alike. ratio = int8 / fp32
 (< 1: int8 faster).
+
+Kernels (``--what kernels``): every kernel of both builds of a model timed alone (TVM
+``time_evaluator``, as :func:`qcompiler.quant.layer_cost.kernel_times`), the int8 kernel beside the
+fp32 kernel of the same anchor layer, whether each runs on the thread pool (``par``), the sums by
+category (depthwise conv, 1x1 conv, other conv, squeeze-excite multiply, pools, gemm, conversions,
+other), and the whole model called through the VM (interleaved medians), whose excess over the
+kernel sum is the VM's per-call and per-kernel overhead plus what the kernels lose when chained.
+Idle worker threads do not spin (TVM_THREAD_POOL_SPIN_COUNT=0, as bench_int8.py runs).
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")      # as bench_int8.py: idle workers sleep
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -175,10 +185,125 @@ def bench_models(spec, rounds, iters, filt):
         print(f"{name:22s} {shape:>14s} {t[0]:9.3f} {t[1]:9.3f} {t[1] / t[0]:9.2f} {nq:5d}/{nc:<5d}", flush=True)
 
 
+# ---- per-kernel profile ------------------------------------------------------------------------------
+def _category(members) -> str:
+    """The kernel's class by its anchor op: dw (depthwise conv), 1x1 / conv, mul (QLinearMul / Mul:
+    the squeeze-excite gate), pool, gemm, conv (a Q/DQ-only kernel) or other."""
+    from qcompiler.quant.layer_cost import CONV_KINDS, GEMM_KINDS, POOL_KINDS
+    for op in members:
+        if op.kind in CONV_KINDS:
+            w = op.operands[1].shape
+            if op.attrs.get("group", 1) > 1 and w[1] == 1:
+                return "dw"
+            return "1x1" if tuple(w[2:]) == (1, 1) else "conv"
+        if op.kind in GEMM_KINDS:
+            return "gemm"
+        if op.kind in POOL_KINDS:
+            return "pool"
+    kinds = {op.kind for op in members}
+    if "QLinearMul" in kinds or any(op.kind == "Mul" and not any(v.is_const for v in op.operands) for op in members):
+        return "mul"
+    if kinds <= {"QuantizeLinear", "DequantizeLinear"}:
+        return "q/dq"
+    return "other"
+
+
+def _anchor_name(members) -> str:
+    from qcompiler.quant.layer_cost import macs
+    main = next((op for op in members if macs(op)), None) or next(
+        (op for op in members if op.kind not in ("QuantizeLinear", "DequantizeLinear", "Requantize")), members[-1])
+    return main.name
+
+
+def _shape_note(members) -> str:
+    """' C->K RxS sS HxW' of the kernel's conv, or its output shape."""
+    from qcompiler.quant.layer_cost import CONV_KINDS
+    conv = next((op for op in members if op.kind in CONV_KINDS), None)
+    if conv is None:
+        return " " + "x".join(map(str, members[-1].results[0].shape))
+    k, _, r, s = conv.operands[1].shape
+    c, (oh, ow) = conv.operands[0].shape[1], conv.results[0].shape[2:]
+    st = (conv.attrs.get("strides") or [1])[0]
+    return f" {c}->{k} {r}x{s}{' s2' if st == 2 else ''} {oh}x{ow}"
+
+
+def profile_kernels(graph, spec, repeats: int):
+    """[(anchor name, category, label, parallel, ms)] for every kernel call of ``graph``."""
+    import tvm
+
+    from qcompiler.codegen.fusion import plan
+    from qcompiler.codegen.lower import _Lowering, tvm_compile
+    from qcompiler.quant.layer_cost import _arg
+    low = _Lowering(graph, spec)
+    mod = low.run()
+    ex = tvm_compile(mod, spec)
+    lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
+    dev = tvm.cpu()
+    order = {op: i for i, op in enumerate(graph.ops)}
+    groups = {id(g.root): g for g in plan(graph)}
+    rng = np.random.default_rng(0)
+    out = []
+    for root, _, call in low.calls:
+        gv = call.args[0]
+        name = gv.name_hint
+        args = [_arg(a, dev, rng) for a in call.args[1].fields]
+        ty = call.ty_args[0]
+        args.append(tvm.runtime.empty(tuple(int(d) for d in ty.shape), ty.dtype, dev))
+        f = lib.time_evaluator(name, dev, number=1, repeat=repeats, min_repeat_ms=5)
+        ms = float(np.median(f(*args).results)) * 1e3
+        members = groups[id(root)].members_in_order(order)
+        par = "T.parallel" in mod[gv].script()
+        label = "+".join(op.kind for op in members) + _shape_note(members)
+        out.append((_anchor_name(members), _category(members), f"{name} {label}", par, ms))
+    return out
+
+
+def bench_kernels(spec, rounds, iters, filt, repeats: int = 5):
+    import tvm
+    for name, path, x, calib in model_cases(filt):
+        gf, gq = model_graphs(path, calib)
+        kq, kf = profile_kernels(gq, spec, repeats), profile_kernels(gf, spec, repeats)
+        fmap = {}
+        for row in kf:
+            fmap.setdefault(row[0], []).append(row)
+        print(f"\n{name}: {len(kq)} int8 kernels, {len(kf)} fp32 kernels (us; * = thread pool)")
+        print(f"{'int8 kernel':64s} {'us':>8s}   {'fp32 kernel':40s} {'us':>8s}")
+        kq = [(a, c, lab.replace("QLinearConv", "QConv").replace("DequantizeLinear+HardSigmoid+QuantizeLinear+", "SE:")
+               .replace("_qlinear", "_q"), p, m) for a, c, lab, p, m in kq]
+        used = set()
+        for anchor, cat, label, par, ms in kq:
+            fr = fmap.get(anchor, [])
+            f = next((r for r in fr if id(r) not in used), None)
+            if f is not None and cat not in ("q/dq",):
+                used.add(id(f))
+                ftxt = f"{f[2].split(' ', 1)[0][:39]:40s} {f[4] * 1e3:7.1f}{'*' if f[3] else ' '}"
+            else:
+                ftxt = ""
+            print(f"{label[:63]:64s} {ms * 1e3:7.1f}{'*' if par else ' '}   {ftxt}")
+        for row in kf:
+            if id(row) not in used:
+                print(f"{'':64s} {'':8s}   {row[2][:39]:40s} {row[4] * 1e3:7.1f}{'*' if row[3] else ' '}")
+        cats = sorted({r[1] for r in kq + kf})
+        print(f"\n{'category':10s} {'int8 us':>9s} {'n':>3s} {'par':>3s} {'fp32 us':>9s} {'n':>3s} {'par':>3s}")
+        for c in cats:
+            a = [r for r in kq if r[1] == c]
+            b = [r for r in kf if r[1] == c]
+            print(f"{c:10s} {sum(r[4] for r in a) * 1e3:9.1f} {len(a):3d} {sum(r[3] for r in a):3d} "
+                  f"{sum(r[4] for r in b) * 1e3:9.1f} {len(b):3d} {sum(r[3] for r in b):3d}")
+        sq, sf = sum(r[4] for r in kq), sum(r[4] for r in kf)
+        f32, i8 = _compile(gf, spec), _compile(gq, spec)
+        a = [tvm.runtime.tensor(x)]
+        t = _interleaved([f32, i8], [a, a], rounds, iters)
+        print(f"{'sum':10s} {sq * 1e3:9.1f} {len(kq):3d} {sum(r[3] for r in kq):3d} {sf * 1e3:9.1f} {len(kf):3d} "
+              f"{sum(r[3] for r in kf):3d}")
+        print(f"{'model (VM)':10s} {t[1] * 1e3:9.1f} {'':7s} {t[0] * 1e3:9.1f}      int8/fp32 {t[1] / t[0]:.2f}")
+        print(f"{'VM - sum':10s} {(t[1] - sq) * 1e3:9.1f} {'':7s} {(t[0] - sf) * 1e3:9.1f}", flush=True)
+
+
 def main(argv=None) -> int:
     from qcompiler.codegen.target import TargetSpec
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", default="layers,models", help="layers, models or both (default)")
+    ap.add_argument("--what", default="layers,models", help="layers, models (both by default) or kernels")
     ap.add_argument("--layers", default="", help="comma-separated substrings of layer names (default: all)")
     ap.add_argument("--models", default="", help="comma-separated substrings of model names (default: all)")
     ap.add_argument("--features", default="", help="LLVM mattr for both variants, e.g. -avx512vnni,-avxvnni")
@@ -195,6 +320,8 @@ def main(argv=None) -> int:
         bench_layers(spec, a.rounds, a.iters, names)
     if "models" in a.what:
         bench_models(spec, a.rounds, a.iters, a.models)
+    if "kernels" in a.what:
+        bench_kernels(spec, a.rounds, a.iters, a.models)
     return 0
 
 

@@ -71,7 +71,13 @@ assumed factors (``c_csr = 3``, ``c_bsr = 1.5``, ``c_24 = 1.25``, 8 units per ou
 column, no padding, no fixed cost) - the previous defaults.
 
 ``choose(layer)`` picks, per objective, the format of least predicted size and of least predicted
-time; a sparse format must beat dense by ``margin`` (default 5 %), so a tie stays dense.
+time; a sparse format must beat dense by ``margin`` (default 5 %), so a tie stays dense. For time,
+a format that stores no fewer multiply-accumulates than dense (``4·nnzb >= N·K`` for BSR on a
+weight with no all-zero block, ``nnz = N·K`` for CSR) skips nothing and is not a candidate: the
+fit's per-format factors come from pruned layers and predicted BSR 1x4 / 4x1 at 0.85-0.94 of dense
+for seven unpruned 1x1 convs of rapidocr-cls (8-32 channels, 576-2304 pixels), which measured
+3.5-6x slower than the dense VNNI kernel at 1 thread (8->8 at 24x96: 33.5 against 7.6 us) and
+cost the whole int8 model 0.3-0.6 ms at 2 threads.
 """
 from __future__ import annotations
 
@@ -272,13 +278,22 @@ def _best(costs: dict[str, float], margin: float) -> str:
     return best if costs[best] < costs["dense"] * (1.0 - margin) else "dense"
 
 
+def stored_entries(s: LayerShape, fmt: str) -> int:
+    """Weight entries ``fmt`` stores, i.e. multiply-accumulates per output column (block padding
+    included)."""
+    return {"dense": s.groups * s.n * s.k, "csr": s.nnz, "bsr1x4": 4 * s.nnzb_1x4, "bsr4x1": 4 * s.nnzb_4x1,
+            "2:4": s.groups * s.n * (_up(s.k, 4) // 2)}[fmt]
+
+
 def choose(s: LayerShape, cm: CostModel = CostModel()) -> Choice:
     """Per objective, the format of least size and of least predicted time (dense unless a sparse
-    format is better by ``cm.margin``)."""
+    format is better by ``cm.margin``; for time, only formats that skip work: module docstring)."""
     fmts = s.available()
     c = Choice({f: size_bytes(s, f) for f in fmts}, {f: float(time_units(s, f, cm)) for f in fmts})
     c.format_size = _best({f: float(v) for f, v in c.size.items()}, cm.margin)
-    c.format_time = _best(c.time, cm.margin)
+    dense = stored_entries(s, "dense")
+    c.format_time = _best({f: t for f, t in c.time.items() if f == "dense" or stored_entries(s, f) < dense},
+                          cm.margin)
     return c
 
 

@@ -215,3 +215,26 @@ def test_folded_requant_every_accumulator_including_ties(act):
     ties = sum(int(((int(a) + f) * m) % (1 << s) == (1 << (s - 1))) for a in accs for m, s, f in zip(ms, ss, fold) if s)
     assert ties > 0                                    # the range does hit exact ties
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("n, k, m", [(8, 8, 2304), (24, 8, 1152), (8, 24, 576), (32, 8, 576), (8, 32, 576)])
+def test_unpruned_layers_stay_dense_for_time(n, k, m):
+    """The encode-sparse time choice (qcompiler/sparse/cost.py ``choose``) on the unpruned 1x1 convs
+    of rapidocr-cls that it used to give BSR 1x4 / 4x1 (predicted 0.85-0.94 of dense, measured
+    3.5-6x slower): a format that stores every multiply-accumulate skips nothing and is no
+    candidate, with or without a stray zero weight; the time of every format is still reported."""
+    from qcompiler.sparse.cost import LayerShape, choose, stored_entries
+    w = RNG.integers(1, 128, (1, n, k)).astype(np.int8) * RNG.choice(np.array([-1, 1], np.int8), (1, n, k))
+    for zeros in (0, 1):
+        if zeros:
+            w[0, 0, 0] = 0
+        s = LayerShape.of(w, m, conv=True)
+        c = choose(s)
+        assert c.format_time == "dense", c.time
+        assert {"bsr1x4", "bsr4x1", "csr"} <= set(c.time)
+        assert stored_entries(s, "bsr1x4") == stored_entries(s, "dense") == n * k
+    w = np.zeros((1, 64, 256), np.int8)
+    w[:, :, :4] = 7                                    # 98 % zero blocks: BSR skips work and may win
+    s = LayerShape.of(w, 3136, conv=True)
+    assert stored_entries(s, "bsr1x4") < stored_entries(s, "dense")
+    assert choose(s).format_time != "dense"
