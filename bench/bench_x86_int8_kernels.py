@@ -6,7 +6,7 @@
     python bench/bench_x86_int8_kernels.py --features=-avx512vnni,-avxvnni   # the AVX2 (no VNNI) path
     python bench/bench_x86_int8_kernels.py --what kernels --models cls --threads 1   # per-kernel profile
 
-Layers: one convolution (or gemm) per graph, fp32 ``Conv`` against ``QLinearConv`` on uint8
+Layers: one convolution (or gemm) per graph, fp32 ``Conv`` (activation fused by the default passes) against ``QLinearConv`` on uint8
 input/output with per-channel int8 weights and the fused requantization (no Quantize/Dequantize
 around it), batch 1, 2 threads. Models: the fp32 graph after the default passes against the same
 graph quantized by the ``quantize`` pass (calibrated on a few real or synthetic inputs; input
@@ -53,6 +53,9 @@ LAYERS = {
     "dw3x3 s2 96 56x56": (96, 96, 56, 56, 3, 2, 96, 1),
     "dw5x5 200 6x24": (200, 200, 6, 24, 5, 1, 200, 2),          # a rapidocr-cls depthwise layer
     "dw5x5 s2 64 56x56": (64, 64, 56, 56, 5, 2, 64, 2),
+    # rapidocr-cls's largest layers, with its HardSwish (the integer epilogue of qcompiler/quant/hardswish.py)
+    "dw5x5 200 2x96 HardSwish": (200, 200, 2, 96, 5, 1, 200, 2),
+    "conv1x1 32->200 2x96 HardSwish": (32, 200, 2, 96, 1, 1, 1, 0),
 }
 GEMMS = {"gemm 1x1024->1000": (1, 1024, 1000), "gemm 64x512->384": (64, 512, 384)}
 
@@ -98,14 +101,16 @@ def layer_graphs(name):
         attrs = {"strides": [s, s], "pads": [p] * 4, "group": g, "dilations": [1, 1], "kernel_shape": [r, r]}
         kind, qkind = "Conv", "QLinearConv"
         qattrs = {k: v for k, v in attrs.items() if k != "kernel_shape"}
-        qattrs.update(activation="Relu", activation_params=[])
+        qattrs.update(activation="HardSwish" if "HardSwish" in name else "Relu", activation_params=[])
     o = wshape[0]
     wf = RNG.standard_normal(wshape).astype(np.float32) * 0.05
     bf = RNG.standard_normal(o).astype(np.float32) * 0.1
     gf = Graph("fp32")
     xf = gf.add_input("x", TensorType(xshape, "float32"))
     y = gf.create_op(kind, [xf, gf.add_const(wf, "w"), gf.add_const(bf, "b")], attrs).result
-    gf.outputs = [gf.create_op("Relu", [y]).result]
+    gf.outputs = [gf.create_op(qattrs.get("activation", "Relu") if kind == "Conv" else "Relu", [y]).result]
+    from qcompiler.passes import run_passes
+    run_passes(gf)                                  # the activation fused into the conv, as in a model
     gq = Graph("int8")
     x = gq.add_input("x", TensorType(xshape, "uint8", qx))
     ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, o))
@@ -113,8 +118,12 @@ def layer_graphs(name):
     qb = QuantParams("int32", tuple(float(np.float32(qx.scale[0]) * np.float32(v)) for v in ws), (0,) * o, axis=0)
     ops = [x, gq.add_const(RNG.integers(-127, 128, wshape).astype(np.int8), "w", qw),
            gq.add_const(RNG.integers(-3000, 3000, o).astype(np.int32), "b", qb)]
-    ms, ss = conv_multipliers(qx.scale[0], ws, qo.scale[0])
-    qattrs.update(multiplier=ms, shift=ss)
+    if qattrs.get("activation") == "HardSwish":
+        from qcompiler.quant import hardswish
+        qattrs.update(hardswish.epilogue_attrs(qx.scale[0], ws, qo, [], o))
+    else:
+        ms, ss = conv_multipliers(qx.scale[0], ws, qo.scale[0])
+        qattrs.update(multiplier=ms, shift=ss)
     shape = infer_types(qkind, [v.type for v in ops], qattrs)[0].shape
     gq.outputs = [gq.create_op(qkind, ops, qattrs, result_types=[TensorType(shape, "uint8", qo)]).result]
     return gf, gq, RNG.standard_normal(xshape).astype(np.float32), RNG.integers(0, 256, xshape).astype(np.uint8)

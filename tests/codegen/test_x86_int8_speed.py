@@ -238,3 +238,43 @@ def test_unpruned_layers_stay_dense_for_time(n, k, m):
     s = LayerShape.of(w, 3136, conv=True)
     assert stored_entries(s, "bsr1x4") < stored_entries(s, "dense")
     assert choose(s).format_time != "dense"
+
+
+def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
+    """rapidocr-cls's stem conv (3 -> 8 channels, 3x3 stride 2, HardSwish, 1x3x48x192): its int8
+    kernel (vpdpbusd, input channels padded to 4) is estimated at INT8_MAC_NS and runs serial, as the
+    fp32 kernel of the same layer does; at MAC_NS it would launch threads (measured 26 us serial
+    against 39 us parallel at 2 threads). The estimator recognises the dot-product block (an
+    exception there would silently make every kernel parallel), and the serial and the parallel
+    kernel compute the same integers as the oracle."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, 3, 48, 192), "uint8", ACT["uint8"]))
+    g.outputs = [add_qconv(g, x, 8, (3, 3), s=(2, 2), p=(1, 1, 1, 1), act="HardSwish")]
+    seen, apply = [], sched.apply
+
+    def record(func, kind, params, vw):
+        seen.append((kind, func))
+        return apply(func, kind, params, vw)
+    sched.apply = record
+    try:
+        mod = lower(g, SPEC)
+    finally:
+        sched.apply = apply
+    kind, func = seen[-1]
+    s = sched.s_tir.Schedule(func)
+    blocks = [s.get(b) for b in s.get_child_blocks(s.get_sblock("root"))]
+    assert kind == "conv2d_dot" and [b.name_hint for b in blocks if sched._is_int8_dot(b)] == ["conv"]
+    assert sched._serial_ns(s) < sched.PAR_MIN_NS
+    conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
+    assert "T.parallel" not in conv.script()
+    feeds = {"x": qin(ACT["uint8"], (1, 3, 48, 192))}
+    check_exact(g, feeds, "stem conv serial")
+    old = sched.INT8_MAC_NS
+    sched.INT8_MAC_NS = sched.MAC_NS
+    try:
+        mod = lower(g, SPEC)
+        conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
+        assert "T.parallel" in conv.script()
+        check_exact(g, feeds, "stem conv parallel")
+    finally:
+        sched.INT8_MAC_NS = old

@@ -36,9 +36,15 @@ MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than th
 # estimate (:func:`_serial_ns`) is per loop iteration of each block: MAC_NS for a reduction
 # (conv/gemm/pool multiply-accumulates; 1-thread rates of the real models' conv kernels are 12-30
 # MAC/ns in fp32 and int8 alike, the int8 ones bound by their requantization epilogue), ELEM_NS for
-# a spatial block (packing, epilogues, elementwise). The same rule holds for every precision.
+# a spatial block (packing, epilogues, elementwise). The same rule holds for every precision, with
+# the multiply-accumulates of an int32 sum of 8-bit products (the VNNI / pmaddwd dot-product convs
+# and gemms) at INT8_MAC_NS: rapidocr-cls's stem conv (3 -> 8 channels, 3x3 s2, 24x96), whose input
+# channels vpdpbusd pads to 4, summed 663 K int8 MACs in 30 us serial against 497 K fp32 MACs in
+# 34 us (1.5x the rate); at MAC_NS it was estimated 47 us and ran parallel, 120 us at 2 threads
+# with the other core busy, while the fp32 build kept it serial.
 PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
 MAC_NS, ELEM_NS = 1 / 20, 0.25
+INT8_MAC_NS = MAC_NS / 1.5
 _serial = False                # set by apply() for the kernel being scheduled
 
 
@@ -50,8 +56,17 @@ def _serial_ns(sch) -> float:
         n = 1
         for iv in sch.get(blk).iter_vars:
             n *= int(iv.dom.extent)
-        total += n * (MAC_NS if _is_reduction(sch, blk) else ELEM_NS)
+        if not _is_reduction(sch, blk):
+            total += n * ELEM_NS
+        else:
+            total += n * (INT8_MAC_NS if _is_int8_dot(sch.get(blk)) else MAC_NS)
     return total
+
+
+def _is_int8_dot(block) -> bool:
+    """An int32 accumulation of products of uint8/int8 values (a dot-product kernel)."""
+    return (any(str(w.source.dtype) == "int32" for w in block.writes)
+            and any(str(r.source.dtype) in ("uint8", "int8") for r in block.reads))
 
 
 def _parallel(sch, loop):
