@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "the largest difference in quantization steps (LSB) and the share of final-output "
                        "elements within 1 LSB. Exit code 0: PASS (every layer within 1 LSB, >= 99.9 % of "
                        "output elements within 1 LSB), 1: FAIL, 2: bad input.")
-    f.add_argument("artifact", help="int8 artifact directory written by 'qcompile --dtype int8'")
+    f.add_argument("artifact", help="int8 artifact directory written by 'qcompile --dtype int8 --debug-layers'")
     f.add_argument("--data", required=True, metavar="X.npy|X.npz",
                    help="inputs with a leading sample dimension (as for 'qcompile run')")
     f.add_argument("--qdq", default=None, metavar="FILE.onnx",
