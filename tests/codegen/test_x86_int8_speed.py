@@ -5,9 +5,9 @@ with the numpy oracle, and do what they claim in the generated code:
   (``tirx.nearbyint``/``tirx.isnan`` made its loop scalar): ties, NaN, ±inf, huge values exact;
 * QLinearMul computes a broadcast operand built in the kernel (the squeeze-excite gate
   Q(HardSigmoid(DQ(s))), a table lookup) once, in a "hoist" stage, not per output element;
-* conv/gemm epilogues requantize the bare int32 accumulator with the bias folded into the int64
-  constant k = fold·m + 2^(s-1): exact on accumulators at the extremes, with large folded biases,
-  and ``_foldable`` refuses the fold where the accumulator alone could wrap;
+* conv/gemm epilogues add the folded bias to the int32 accumulator as a wrapping uint32 add, so
+  the requantization product stays one ``vpmuldq`` (no ``vpmullq`` in the code): exact on
+  accumulators at the extremes, with large folded biases, and where the int32 sum wraps;
 * the x86 schedules launch threads only for kernels whose estimated serial time pays for it.
 """
 from __future__ import annotations
@@ -87,10 +87,11 @@ def test_squeeze_excite_gate_hoisted_and_exact(storage):
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
 @pytest.mark.parametrize("act", ["", "Relu", "HardSwish"])
-def test_folded_bias_epilogue_exact_at_the_extremes(storage, act):
+def test_bias_epilogue_exact_at_the_extremes(storage, act):
     """QLinearGemm with K = 64 and weights of ±127 so that Σ x·w reaches ±2 M, inputs at 0/255 or
-    -128/127, int32 biases of up to ±2^28 (the folded constant k = fold·m + r is near 2^58), and
-    per-channel multipliers: the fold path of requant_fn against the oracle."""
+    -128/127, int32 biases of up to ±2^28, and per-channel multipliers: the epilogue of
+    ``requantized`` against the oracle; without HardSwish (whose p·u·m2 is a true 64-bit product)
+    the compiled code multiplies with ``vpmuldq`` only."""
     m, k, n = 64, 64, 32
     qa = ACT[storage]
     g = Graph("q")
@@ -113,19 +114,25 @@ def test_folded_bias_epilogue_exact_at_the_extremes(storage, act):
     av = np.where(RNG.random((m, k)) < 0.5, lo, hi).astype(storage)
     av[: m // 4] = hi
     av[m // 4: m // 2] = lo
-    check_exact(g, {"a": av}, f"folded epilogue {storage} {act or 'none'}")
-    fold = bias.astype(np.int64) - qa.zero_point[0] * wq.astype(np.int64).sum(axis=1)
-    assert kquant._foldable(wq, fold)
+    check_exact(g, {"a": av}, f"bias epilogue {storage} {act or 'none'}")
+    if act != "HardSwish":
+        from qcompiler.codegen.lower import build_module
+        asm = "".join(m.inspect_source("asm") for m in build_module(g, SPEC).mod.imports)
+        assert "vpmuldq" in asm and "vpmullq" not in asm
 
 
-def test_foldable_and_fold_terms():
-    w = np.full((2, 9), 127, np.int8)
-    assert kquant._foldable(w, np.array([5, -5]))
-    assert not kquant._foldable(w, np.array([2 ** 31 - 10, 0]))          # the sum could leave int32
-    big = np.full((1, 70000), 127, np.int8)                              # 255·127·70000 > 2^31
-    assert not kquant._foldable(big, np.array([0]))
-    # k_c = fold·m + 2^(s-1), and no rounding term for s = 0
-    assert kquant._fold_terms([3, -2], [1 << 30, 5], [40, 0]) == [3 * (1 << 30) + (1 << 39), -10]
+def test_wrapping_add_is_int32_modular():
+    """``_wrapping_add`` = (x + y) mod 2^32 as int32, also where the sum leaves int32 (a partial
+    sum may; the true accumulator + bias does not)."""
+    xs = np.array([2 ** 31 - 1, -2 ** 31, 5, -7, 2 ** 30, -1], np.int32)
+    ys = np.array([1, -1, -9, 7, 2 ** 30, -2 ** 31], np.int32)
+    a, b = te.placeholder((6,), "int32", name="a"), te.placeholder((6,), "int32", name="b")
+    out = te.compute((6,), lambda i: kquant._wrapping_add(a[i], b[i]), name="out")
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, b, out])}), target="llvm")
+    got = tvm.runtime.empty((6,), "int32")
+    lib["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys), got)
+    want = ((xs.astype(np.int64) + ys) + 2 ** 31) % 2 ** 32 - 2 ** 31
+    np.testing.assert_array_equal(got.numpy(), want.astype(np.int32))
 
 
 def _elementwise(n):
@@ -190,18 +197,20 @@ class _Ctx:
 
 
 @pytest.mark.parametrize("act", ["", "Relu"])
-def test_folded_requant_every_accumulator_including_ties(act):
-    """requant_fn with the bias folded (k = fold·m + 2^(s-1)) against the unfolded int64 formula
+def test_bias_requant_every_accumulator_including_ties(act):
+    """requant_fn after the wrapping bias add of ``requantized`` against the int64 formula
     clamp(z + ((acc + fold)·m + 2^(s-1)) >> s) on EVERY accumulator of a range, with small shifts
     so that exact ties (acc + fold)·m ≡ 2^(s-1) (mod 2^s) occur, and per-channel m, s, fold."""
     qp = QuantParams("uint8", (0.1,), (37,))
     ms, ss, fold = [3001, 1023, 2 ** 30 + 1, 4096], [12, 10, 40, 0], [17, -300, 5, -1]
     ctx = _Ctx()
     rq = kquant.requant_fn(ctx, {"multiplier": ms, "shift": ss, "activation": act, "activation_params": []},
-                           TensorType((1, 4), "uint8", qp), 4, fold=fold)
+                           TensorType((1, 4), "uint8", qp), 4)
+    fb = ctx.param(np.array(fold, np.int32), "fold")
     accs = np.arange(-3000, 3000, dtype=np.int32)
     acc = te.placeholder((accs.size, 4), "int32", name="acc")
-    out = te.compute((accs.size, 4), lambda i, c: rq(acc[i, c], c).astype("int32"), name="out")
+    out = te.compute((accs.size, 4), lambda i, c: rq(kquant._wrapping_add(acc[i, c], fb[c]), c).astype("int32"),
+                     name="out")
     params = [p for p, _ in ctx.params]
     lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([acc, *params, out])}), target="llvm")
     av = np.repeat(accs[:, None], 4, axis=1)

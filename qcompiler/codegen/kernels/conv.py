@@ -89,7 +89,7 @@ def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0,
         acc = compute((n, c // b, oh, ow, b), lambda i, co, y, xx, ci: te.sum(
             product(P[i, co, y * sh + rh * dh, xx * sw + rw * dw, ci], wp[co, rh, rw, ci]),
             axis=[rh, rw]), name="conv")
-        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx), pad=padded, block=b)
+        ctx.schedule("depthwise", reg_n=_reg_n(ow, ctx, b), pad=padded, block=b)   # b/vw vectors a column
         return acc, b
     bo = pick_block(kg, vw)
     if kg % (2 * vw) == 0 and ow >= 8:

@@ -227,6 +227,16 @@ def conv_transpose(sch, vw, reg_n, pad):
 
 
 def pool(sch, vw, reg_n, pad):
+    """A large pooling window (a global pool) reduces over (rh, rw) fused into one loop: LLVM fully
+    unrolls a constant 10x10 or 20x20 nest of vector adds (a global average pool of rapidocr-det
+    was 10 KB of code), not one loop of 100-400 iterations. Small windows (3x3) keep the nest, whose
+    index arithmetic stays free of the fused loop's divisions."""
+    blk = sch.get_sblock("pool")
+    red = sch.get_loops(blk)[5:7]
+    if len(red) == 2 and _extent(sch, red[0]) * _extent(sch, red[1]) > 32:
+        sch.fuse(*red)
+        _nchwc(sch, "pool", vw, 1, False, n_red=1, unroll_last_red=False)
+        return
     _nchwc(sch, "pool", vw, 1, False, n_red=2, unroll_last_red=False)
 
 
@@ -263,10 +273,8 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 2)
     sch.unroll(xi)
-    sch.unroll(kio)
-    if _extent(sch, ic) <= 8:
-        sch.unroll(ic)
-    init = sch.decompose_reduction(blk, icb)
+    sch.unroll(kio)          # ic stays a loop: its body is reg_n x kio dot products already, and
+    init = sch.decompose_reduction(blk, icb)    # unrolling it (<= 8) only multiplied the code
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(kil, intrin)
     if pad:
