@@ -18,8 +18,8 @@ output SQNR, top-1 agreement and, with labels, the top-1 accuracy of both
 Sizes, measured: the library's ELF sections (``.text`` = kernel code, ``.rodata`` holding TVM's
 ``__tvm_ffi__library_bin`` = Relax VM bytecode + the constant pool: packed weights, biases,
 requantization multipliers). Measured on fashion_mobilenet int8 (x86, AVX-512 VNNI host, 2026-11-22,
-before kernels lost their TIR asserts and the constants their int64/float32 widths: 235 KB now, see
-README "Sparsity"): model.so 444,072 B = .text 176,584 (23 kernels, all of distinct shapes, so none is shared; ~6 KB per
+before kernels lost their TIR asserts, the constants their int64/float32 widths and the default build
+its verify functions: 182 KB on 2026-11-23, see README "Sparsity"): model.so 444,072 B = .text 176,584 (23 kernels, all of distinct shapes, so none is shared; ~6 KB per
 tensorized conv) + .eh_frame 16,452 + library_bin 224,565 (constants 177,200: int8 weights 90,944,
 int32 18,000, int64 36,000, float32 32,256; the ``debug``/``debug_alone`` functions of ``qcompile
 verify`` 30,857; VM bytecode the rest). Conv/gemm weights are 97,616 B of it (22 %): no weight
