@@ -243,30 +243,10 @@ def _shape_note(members) -> str:
 
 def profile_kernels(graph, spec, repeats: int):
     """[(anchor name, category, label, parallel, ms)] for every kernel call of ``graph``."""
-    import tvm
-
-    from qcompiler.codegen.fusion import plan
-    from qcompiler.codegen.lower import _Lowering, tvm_compile
-    from qcompiler.quant.layer_cost import _arg
-    low = _Lowering(graph, spec)
-    mod = low.run()
-    ex = tvm_compile(mod, spec)
-    lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
-    dev = tvm.cpu()
-    order = {op: i for i, op in enumerate(graph.ops)}
-    groups = {id(g.root): g for g in plan(graph)}
-    rng = np.random.default_rng(0)
+    from qcompiler.quant.layer_cost import time_each_kernel
     out = []
-    for root, _, call in low.calls:
-        gv = call.args[0]
-        name = gv.name_hint
-        args = [_arg(a, dev, rng) for a in call.args[1].fields]
-        ty = call.ty_args[0]
-        args.append(tvm.runtime.empty(tuple(int(d) for d in ty.shape), ty.dtype, dev))
-        f = lib.time_evaluator(name, dev, number=1, repeat=repeats, min_repeat_ms=5)
-        ms = float(np.median(f(*args).results)) * 1e3
-        members = groups[id(root)].members_in_order(order)
-        par = "T.parallel" in mod[gv].script()
+    for members, name, func, ms in time_each_kernel(graph, spec, repeats):
+        par = "T.parallel" in func.script()
         label = "+".join(op.kind for op in members) + _shape_note(members)
         out.append((_anchor_name(members), _category(members), f"{name} {label}", par, ms))
     return out

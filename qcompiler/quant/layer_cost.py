@@ -306,6 +306,14 @@ def analytic_times(graph: Graph, consts: Analytic, precision: str) -> list[tuple
 def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0) -> list[tuple[list[Op], float]]:
     """Lower and compile ``graph`` for ``spec`` and time every kernel alone on this host:
     [(the IR ops fused into it, median ms)] in emission order."""
+    return [(members, ms) for members, _, _, ms in time_each_kernel(graph, spec, repeats, min_repeat_ms)]
+
+
+def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0) -> list[tuple]:
+    """[(the IR ops fused into the kernel, its name, its scheduled PrimFunc, median ms)] for every
+    kernel call of ``graph`` built for ``spec``, in emission order, each timed alone on this host on
+    its compile-time constants and random activations; identical calls (same kernel and shapes) are
+    timed once."""
     import tvm
     from ..codegen.fusion import plan
     from ..codegen.lower import _Lowering, tvm_compile
@@ -319,7 +327,8 @@ def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.
     rng = np.random.default_rng(0)
     out, seen = [], {}
     for root, _, call in low.calls:
-        name = call.args[0].name_hint
+        gv = call.args[0]
+        name = gv.name_hint
         args = [_arg(a, dev, rng) for a in call.args[1].fields]
         ty = call.ty_args[0]
         args.append(tvm.runtime.empty(tuple(int(d) for d in ty.shape), ty.dtype, dev))
@@ -327,7 +336,7 @@ def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.
         if key not in seen:
             f = lib.time_evaluator(name, dev, number=1, repeat=repeats, min_repeat_ms=int(min_repeat_ms))
             seen[key] = float(np.median(f(*args).results)) * 1e3
-        out.append((groups[id(root)].members_in_order(order), seen[key]))
+        out.append((groups[id(root)].members_in_order(order), name, mod[gv], seen[key]))
     return out
 
 
