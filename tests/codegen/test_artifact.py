@@ -9,7 +9,7 @@ import pytest
 import qcompiler
 from qcompiler.codegen import arm, artifact
 from qcompiler.codegen.artifact import write_artifact
-from qcompiler.codegen.target import TargetSpec
+from qcompiler.codegen.target import LLVM_OPTIONS, TargetSpec
 from qcompiler.errors import UserError
 from qcompiler.runtime.manifest import FORMAT_VERSION, sha256_file
 
@@ -101,7 +101,7 @@ def test_arm_artifact_is_an_aarch64_library(tmp_path, tiny):
     assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183     # EM_AARCH64
     t = json.loads((out / "manifest.json").read_text())["target"]
     assert t["tvm"] == {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
-                        "mattr": ["+neon", "+dotprod", "+fullfp16"]}
+                        "mattr": ["+neon", "+dotprod", "+fullfp16"], "cl-opt": list(LLVM_OPTIONS)}
     assert t["cpu"] == "cortex-a76" and t["features"] == ["+dotprod", "+fullfp16"]
 
 
