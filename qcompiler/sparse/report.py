@@ -38,7 +38,8 @@ from ..passes.prune import summarize
 
 def elf_sizes(path: str | Path) -> dict[str, int]:
     """Section sizes of an ELF64 little-endian shared library, plus ``library_bin``: the size of
-    TVM's ``__tvm_ffi__library_bin`` symbol (the serialized modules: VM bytecode and constants).
+    TVM's ``__tvm_ffi__library_bin`` symbol (the serialized modules: VM bytecode and constants),
+    from the static or, in a stripped library, the dynamic symbol table.
     Empty for a file that is not such an ELF."""
     data = Path(path).read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
@@ -57,7 +58,7 @@ def elf_sizes(path: str | Path) -> dict[str, int]:
         return data[base + at:end].decode(errors="replace")
     out = {cstr(stroff, s[0]): s[3] for s in secs if s[3]}
     for name, typ, off, size, link, entsize in secs:
-        if typ != 2 or not entsize:                      # SHT_SYMTAB
+        if typ not in (2, 11) or not entsize:            # SHT_SYMTAB, SHT_DYNSYM (a stripped library)
             continue
         strtab = secs[link][2]
         for j in range(size // entsize):
