@@ -5,6 +5,7 @@
     qcompile convert MODEL.onnx -o OUT.onnx [--passes P]                          IR after passes, as ONNX
     qcompile run OUT --input X.npy|X.npz [--output Y.npy]                         run an artifact
     qcompile verify OUT --data X.npy|X.npz [--qdq F.onnx] [--samples N] [--json]  int8 parity with ONNX Runtime
+                                                        (OUT compiled with --debug-layers)
 
 Bad input of any kind is one line on stderr and exit code 2; nothing the user gave is modified and no
 half-written output is left behind.
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "  qcompile inspect MODEL.onnx [--passes P]              IR text, op histogram, parameters\n"
                   "  qcompile convert MODEL.onnx -o OUT.onnx [--passes P]  the IR after passes, as ONNX\n"
                   "  qcompile run OUT --input X.npz [--output Y.npy]       run a compiled artifact\n"
-                  "  qcompile verify OUT --data X.npz [--qdq F.onnx]       int8 artifact vs its QDQ model in ORT\n",
+                  "  qcompile verify OUT --data X.npz [--qdq F.onnx]       int8 artifact (--debug-layers) vs its QDQ in ORT\n",
                   epilog="Run 'qcompile COMMAND --help' for a command's options.")
     top.add_argument("--version", action="version", version=f"qcompiler {__version__}")
     top.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
