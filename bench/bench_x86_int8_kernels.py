@@ -202,7 +202,7 @@ def bench_models(spec, rounds, iters, filt):
 # ---- per-kernel profile ------------------------------------------------------------------------------
 def _category(members) -> str:
     """The kernel's class by its anchor op: dw (depthwise conv), 1x1 / conv, mul (QLinearMul / Mul:
-    the squeeze-excite gate), pool, gemm, conv (a Q/DQ-only kernel) or other."""
+    the squeeze-excite gate), pool, gemm, q/dq (a Quantize/DequantizeLinear-only kernel) or other."""
     from qcompiler.quant.layer_cost import CONV_KINDS, GEMM_KINDS, POOL_KINDS
     for op in members:
         if op.kind in CONV_KINDS:

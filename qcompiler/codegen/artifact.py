@@ -162,7 +162,7 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
       through a kernel frame of such a library."""
     from tvm.support import cc as tvm_cc
     cc = export_cc(spec)
-    objcopy = _objcopy(spec)
+    objcopy = _objcopy(spec, cc)
     workspace.mkdir()
 
     def fcompile(output, objects, **kwargs):
@@ -177,15 +177,15 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
     shutil.rmtree(workspace)
 
 
-def _objcopy(spec: TargetSpec) -> str | None:
-    """The objcopy of the target's binutils (None: leave the objects as they are)."""
+def _objcopy(spec: TargetSpec, cc: str | None) -> str | None:
+    """The objcopy of the binutils beside ``cc`` (:func:`export_cc`; None: the host's), or None:
+    leave the objects as they are (CUDA artifacts, or no such objcopy)."""
     if spec.family == "cuda":
         return None
-    if spec.family == "arm":
-        cxx = export_cc(spec) or ""
-        name = cxx[:-len("g++")] + "objcopy" if cxx.endswith("g++") else ""
-    else:
+    if cc is None:
         name = "objcopy"
+    else:
+        name = cc[:-len("g++")] + "objcopy" if cc.endswith("g++") else ""
     return shutil.which(name) if name else None
 
 
