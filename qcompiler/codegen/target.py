@@ -69,7 +69,10 @@ class TargetSpec:
         if self.family == "cuda":
             # generate code for the oldest SM asked for: nvcc then builds it for every SM in arch
             oldest = min(self.arch, key=lambda a: int(a[3:]))
-            return {"kind": "cuda", "arch": oldest, "host": self.host_tvm}
+            # limits every sm_70+ part has: dlight sizes its tiles from these (48 KB is the static
+            # shared memory a block gets without the dynamic opt-in)
+            return {"kind": "cuda", "arch": oldest, "max_shared_memory_per_block": 49152,
+                    "max_threads_per_block": 1024, "thread_warp_size": 32, "host": self.host_tvm}
         return self.host_tvm
 
 

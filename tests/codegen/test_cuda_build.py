@@ -20,6 +20,7 @@ from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 
 REPO = Path(__file__).resolve().parents[2]
+PYPATH = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])   # keep a TVM found on PYTHONPATH
 NVCC = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
 pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found: install the CUDA toolkit to build CUDA artifacts")
 SOURCE_MARKERS = (b"__global__", b"extern \"C\"", b"#include <cuda")   # (launch tags like "threadIdx.x" are metadata)
@@ -83,7 +84,7 @@ LOAD_WITHOUT_JIT = """
 
 def test_runtime_only_load_needs_no_jit(sm90):
     """Runtime-only TVM (no compiler, JIT callback counting calls) deserializes the device module."""
-    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": PYPATH}
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_WITHOUT_JIT), str(sm90),
                         str(cuda_aot.stub_library())], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "LOADED WITHOUT JIT" in r.stdout, r.stdout + r.stderr
@@ -168,7 +169,7 @@ def test_real_model_sm90_artifact_holds_device_code(real_sm90):
 
 def test_real_model_runtime_only_load_needs_no_jit(real_sm90):
     out, _ = real_sm90
-    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": PYPATH}
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_WITHOUT_JIT), str(out),
                         str(cuda_aot.stub_library())], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "LOADED WITHOUT JIT" in r.stdout, r.stdout + r.stderr
@@ -207,7 +208,7 @@ def test_runs_on_the_gpu_in_runtime_only_mode(sm90, tmp_path, tiny):
         pytest.skip("no CUDA device on this machine")
     x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": PYPATH}
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(RUN_ON_GPU), str(sm90), str(tmp_path / "x.npy"),
                         str(tmp_path / "y.npy")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "RAN ON cuda" in r.stdout, r.stdout + r.stderr
@@ -224,7 +225,7 @@ def test_real_model_on_the_gpu_matches_onnxruntime(real_sm90, tmp_path, ort_run)
         feeds = m.feeds(seed)
         (x,) = feeds.values()
         np.save(tmp_path / "x.npy", x)
-        env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": PYPATH}
         r = subprocess.run([sys.executable, "-c", textwrap.dedent(RUN_ON_GPU), str(out), str(tmp_path / "x.npy"),
                             str(tmp_path / "y.npy")], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0 and "RAN ON cuda" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,205 @@
+"""CUDA: qcompiler int8 and fp16 beside PyTorch fp16 (eager and ``torch.compile``), in one run.
+
+    python bench/bench_cuda.py                                   # resnet18, mobilenet_v2 at batch 1 and 64
+    python bench/bench_cuda.py --models resnet18 --batches 64 --iters 50
+
+Needs a CUDA GPU, nvcc, PyTorch and torchvision (none of them is a qcompiler dependency: this
+script is run on a GPU host, e.g. the project's lent H100). For each model and batch:
+
+* the model: torchvision's ``resnet18`` / ``mobilenet_v2`` with random weights (``torch.manual_seed(0)``),
+  eval mode; exported to ONNX (fp32, opset 17, static batch);
+* PyTorch: the model in fp16 on the GPU, eager and ``torch.compile`` (default mode), CUDA-event
+  timing of ``--iters`` calls after ``--warmup`` calls, under ``torch.inference_mode``;
+* qcompiler: the ONNX file through the CLI, ``qcompile M.onnx --target cuda --arch sm_90 --dtype fp16``
+  and ``--dtype int8 --calib C.npz`` (64 random-normal calibration samples; ranges, not accuracy,
+  matter for speed), compile time of each; the artifact loaded with ``qcompiler.load`` and its VM
+  ``main`` timed with TVM's ``time_evaluator`` (CUDA events, input already on the GPU);
+* agreement: qcompiler fp16 against torch fp32 (max error / max|ref|) and int8's top-1 agreement
+  with torch fp32 over the batch (random weights and inputs: a sanity check, not an accuracy claim).
+
+Then the largest convolution of ResNet-18 (by multiply-accumulates; and the largest one whose
+GEMM sizes allow tensor cores) compiled alone as int8 and fp16 at batch 64, with the achieved
+fraction of the H100 SXM's dense peak (int8 1979 TOPS, fp16 989 TFLOPS; NVIDIA H100 datasheet).
+
+Prints one table: milliseconds per batch and the ratio to ``torch.compile`` fp16 (issue #10's
+goal: int8 <= 1.0x at batch 64 and <= 1.5x at batch 1).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PEAK = {"int8": 1979e12, "fp16": 989e12}     # H100 SXM5 dense tensor-core peaks (ops/s)
+
+
+def torch_model(name: str):
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)(weights=None).eval()
+
+
+def export_onnx(model, batch: int, path: Path) -> None:
+    import torch
+    x = torch.randn(batch, 3, 224, 224)
+    kw = dict(input_names=["x"], output_names=["y"], opset_version=17)
+    try:
+        torch.onnx.export(model, (x,), str(path), dynamo=False, **kw)
+    except TypeError:                      # a torch without the dynamo switch
+        torch.onnx.export(model, (x,), str(path), **kw)
+
+
+def time_torch(fn, x, warmup: int, iters: int) -> float:
+    import torch
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn(x)
+        end.record()
+        torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None) -> float:
+    from qcompiler.cli import main
+    argv = [str(onnx_path), "--target", "cuda", "--arch", "sm_90", "--dtype", dtype, "-o", str(out), "-q"]
+    if calib is not None:
+        argv += ["--calib", str(calib), "--calib-samples", "64", "--eval-samples", "0"]
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    if rc != 0:
+        raise SystemExit(f"qcompile {' '.join(argv)} failed with exit code {rc}")
+    return time.perf_counter() - t0
+
+
+def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int) -> tuple[float, np.ndarray]:
+    import tvm
+    import qcompiler
+    model = qcompiler.load(out)
+    y = model(x)[0]
+    arg = tvm.runtime.tensor(x, model.device)
+    f = model._vm.time_evaluator("main", model.device, number=iters, repeat=1)
+    for _ in range(max(1, warmup // 10)):
+        model._vm["main"](arg)
+    return f(arg).mean * 1e3, y
+
+
+def conv_onnx(path: Path, n: int, c: int, k: int, hw: int, r: int, stride: int) -> float:
+    """One conv + ReLU as ONNX (random weights); returns its multiply-accumulates."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    pad = r // 2
+    oh = (hw + 2 * pad - r) // stride + 1
+    w = numpy_helper.from_array((rng.standard_normal((k, c, r, r)) * (2 / (c * r * r)) ** 0.5).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(k, np.float32), "b")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[r, r], pads=[pad] * 4, strides=[stride] * 2),
+         helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, k, oh, oh])], [w, b])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return float(n * k * oh * oh * c * r * r)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="resnet18,mobilenet_v2")
+    p.add_argument("--batches", default="1,64")
+    p.add_argument("--dtypes", default="fp16,int8", help="qcompiler builds to time (fp16, int8, fp32)")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--no-conv", action="store_true", help="skip the single-conv peak-fraction measurement")
+    p.add_argument("--keep", default=None, help="folder to keep the ONNX files and artifacts in")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="build with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
+    args = p.parse_args(argv)
+    if args.cuda_graph:
+        os.environ["QC_CUDA_GRAPH"] = "1"
+    import torch
+    if not torch.cuda.is_available():
+        print("bench_cuda: no CUDA device (this benchmark runs on a GPU host)", file=sys.stderr)
+        return 2
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
+    work.mkdir(parents=True, exist_ok=True)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    rows = []
+    for name in args.models.split(","):
+        tm = torch_model(name)
+        for batch in map(int, args.batches.split(",")):
+            onnx_path = work / f"{name}_b{batch}.onnx"
+            export_onnx(tm, batch, onnx_path)
+            x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+            calib = work / f"calib_b{batch}.npz"
+            np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
+            with torch.inference_mode():
+                ref = tm.cuda()(torch.from_numpy(x).cuda()).float().cpu().numpy()
+            m16 = tm.cuda().half()
+            xt = torch.from_numpy(x).cuda().half()
+            eager = time_torch(m16, xt, args.warmup, args.iters)
+            compiled = torch.compile(m16)
+            tcomp = time_torch(compiled, xt, args.warmup, args.iters)
+            tm = tm.float().cpu()
+            torch._dynamo.reset()
+            row = {"model": name, "batch": batch, "torch eager fp16": eager, "torch.compile fp16": tcomp}
+            for dt in dtypes:
+                out = work / f"{name}_b{batch}_{dt}"
+                ct = qcompile(onnx_path, out, dt, calib if dt == "int8" else None)
+                ms, y = time_artifact(out, x, args.warmup, args.iters)
+                row[f"qcompiler {dt}"] = ms
+                row[f"compile {dt} s"] = ct
+                if dt == "int8":
+                    row["int8 top-1 agree"] = float(np.mean(y.argmax(1) == ref.argmax(1)))
+                else:
+                    row[f"{dt} err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
+            rows.append(row)
+            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
+    print("\n| model | batch | torch eager fp16 ms | torch.compile fp16 ms | "
+          + " | ".join(f"qcompiler {d} ms | {d}/compile" for d in dtypes) + " |")
+    print("|---|---|---|---|" + "---|---|" * len(dtypes))
+    for r in rows:
+        cells = [r["model"], str(r["batch"]), f"{r['torch eager fp16']:.3f}", f"{r['torch.compile fp16']:.3f}"]
+        for d in dtypes:
+            cells += [f"{r[f'qcompiler {d}']:.3f}", f"{r[f'qcompiler {d}'] / r['torch.compile fp16']:.2f}"]
+        print("| " + " | ".join(cells) + " |")
+    if not args.no_conv:
+        print("\n| conv (batch 64) | dtype | ms | TOPS | fraction of dense peak |")
+        print("|---|---|---|---|---|")
+        # ResNet-18's conv1 (7x7/2, 3->64 at 224: the most MACs, 118 M per image; GEMM J = 64) and its
+        # layer4 3x3 512->512 at 7x7 (116 M per image; I, J, K all > 64: tensor-core sized)
+        for label, (c, k, hw, r, s) in {"conv1 7x7/2 3->64 @224": (3, 64, 224, 7, 2),
+                                        "layer4 3x3 512->512 @7": (512, 512, 7, 3, 1)}.items():
+            path = work / f"conv_{c}_{k}_{hw}.onnx"
+            macs = conv_onnx(path, 64, c, k, hw, r, s)
+            calib = work / f"calib_conv_{c}_{hw}.npz"
+            np.savez(calib, x=np.random.default_rng(3).standard_normal((64, c, hw, hw)).astype(np.float32))
+            xin = np.random.default_rng(4).standard_normal((64, c, hw, hw)).astype(np.float32)
+            for dt in ("int8", "fp16"):
+                out = work / f"conv_{c}_{k}_{hw}_{dt}"
+                qcompile(path, out, dt, calib if dt == "int8" else None)
+                ms, _ = time_artifact(out, xin, args.warmup, args.iters)
+                ops = 2 * macs / (ms * 1e-3)
+                print(f"| {label} | {dt} | {ms:.3f} | {ops / 1e12:.1f} | {ops / PEAK[dt]:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
