@@ -100,7 +100,7 @@ def reduce(ctx, a, ins, outs, kind: str):
     st, kshape = _reduce_stage(x, axes, REDUCERS[kind], "reduce")
     ctx.schedule("rowwise" if _trailing(axes, x.rank) and len(axes) < x.rank else "generic",
                  rows=x.rank - len(axes))
-    buf = Buf(st, kshape, x.dtype if x.dtype != "float16" else F32)
+    buf = Buf(st, kshape, x.dtype if x.dtype not in ("float16", "bfloat16") else F32)
     out_shape = outs[0].shape
     count = float(np.prod([x.shape[d] for d in axes]))
 
