@@ -29,7 +29,7 @@ import numpy as np
 from tvm import te, tirx
 
 from .elementwise import activation
-from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, dtype_of
+from .tensor import Buf, Lazy, LTensor, _simplify, broadcast_index, cast, compute, const, dtype_of
 
 F32 = "float32"
 
@@ -163,9 +163,32 @@ def conv2d(ctx, a, ins, outs):
     if x.rank != 4:
         raise NotImplementedError(f"Conv of rank {x.rank} (only 2-D convolution is lowered)")
     out_shape = outs[0].shape
+    if a["group"] == 1 and _is_cuda(ctx) and isinstance(x, Buf) and x.tensor.dtype == "float16":
+        x = _StoredF16(x)
     acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, lambda p, q: cast(p, F32) * cast(q, F32))
     accb = Buf(acc, out_shape, F32, bo)
     return [_epilogue(ctx, a, accb, ins, outs)]
+
+
+def _is_cuda(ctx) -> bool:
+    return getattr(getattr(getattr(ctx, "low", None), "spec", None), "family", None) == "cuda"
+
+
+class _StoredF16(Buf):
+    """A float16-stored activation read as stored (no cast to float32 on load), for the group-1
+    conv on CUDA with ``--dtype fp16``: the padding stage then stays float16 and the reduction
+    block reads ``C += Cast(float32, A) · Cast(float32, B)`` with A, B float16, the pattern of
+    the fp16 ``wmma_sync`` intrinsic that dlight's ``MatmulTensorization`` needs (float16 operands,
+    float32 accumulator: WMMA m16n16k16 on sm_70+ when n·oh·ow, co and ci·kh·kw are all > 64).
+    Read through :class:`Buf`, the padding stage held float32 and only unpadded (1x1) convs
+    tensorized. The same products and float32 sums as before: padding a float16 value and widening
+    it later is the same number."""
+
+    def __init__(self, x: Buf):
+        super().__init__(x.tensor, x.shape, x.dtype, x.block)
+
+    def at(self, idx):
+        return self.tensor[tuple(_simplify(i) for i in self.phys_index(idx))].asobject()
 
 
 def _reg_n(ow: int, ctx, bo: int | None = None) -> int:

@@ -52,6 +52,11 @@ def _is_x86(ctx) -> bool:
     return getattr(spec, "family", None) == "x86"
 
 
+def _is_cuda(ctx) -> bool:
+    spec = getattr(getattr(ctx, "low", None), "spec", None)
+    return getattr(spec, "family", None) == "cuda"
+
+
 def _qp(ctx, i):
     return ctx.op.operands[i].type.quant
 
@@ -165,7 +170,9 @@ def qconv2d(ctx, a, ins, outs):
     isa = qdot.isa_of(ctx)
     depthwise = cg == 1 and k == a["group"] and k > 1
     exact = depthwise_int_exact_f32(ctx, a, x, w, out_shape, zx) if depthwise and _is_x86(ctx) else None
-    if exact is not None:
+    if _is_cuda(ctx) and a["group"] == 1:
+        acc_at, zx = _cuda_conv_s8s8(ctx, a, x, w, out_shape, zx)
+    elif exact is not None:
         acc_at = exact                      # float32 FMAs, exact: see :mod:`.conv`
     elif not depthwise and qdot.applicable(isa, x, w):
         acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
@@ -173,6 +180,57 @@ def qconv2d(ctx, a, ins, outs):
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at
     return [requantized(ctx, a, outs[0], w, bias, zx, acc_at)]
+
+
+def _as_s8(ctx, v, dtype: str):
+    """A stored uint8/int8 element as int8: uint8 ``x`` becomes ``x - 128`` (= ``x ^ 0x80``, exact
+    in [-128, 127]), int8 is unchanged."""
+    return cast(cast(v, I32) - tirx.const(128, I32), "int8") if dtype == "uint8" else cast(v, "int8")
+
+
+def _s8_shift(dtype: str) -> int:
+    """What :func:`_as_s8` subtracts from a stored value of ``dtype``."""
+    return 128 if dtype == "uint8" else 0
+
+
+def _cuda_conv_s8s8(ctx, a, x, w: np.ndarray, out_shape, zx: int):
+    """The int32 accumulator of a group-1 QLinearConv for CUDA, written as the s8 x s8 -> s32
+    implicit GEMM that dlight's ``gpu.Matmul`` hands to ``MatmulInt8Tensorization`` (WMMA
+    m16n16k16 int8 tensor cores on sm_70+, tvm/s_tir/dlight/gpu/matmul.py) when I = n·oh·ow,
+    J = co and K = ci·kh·kw are all > 64::
+
+        P[n, ci, y, x] = int8(x_stored - s)  inside,  int8(z_x - s)  in the padding   (s = 128 for uint8, else 0)
+        acc[n, co, y, x] = Σ_{ci, rh, rw} int32(P[n, ci, y·sh + rh·dh, x·sw + rw·dw]) · int32(W[co, ci, rh, rw])
+
+    The reduction block holds nothing but ``C += Cast(int32, A) · Cast(int32, B)`` with A, B int8,
+    the pattern of the ``wmma_sync`` intrinsic (tvm/s_tir/tensor_intrin/cuda.py); the shift lives in
+    the padding stage P, which dlight inlines into its shared-memory fetch. Exactness:
+    ``Σ (x - z_x)·w = Σ (x - s - (z_x - s))·w``, so the accumulator taken with the effective zero
+    point ``z_x - s`` and folded by :func:`requantized` is the same int32 as the x86 kernels' and
+    the reference's (each |(x - s)·w| <= 2^14; the true sum fits int32, wrap-around is harmless).
+    Plain NCHW, weight [co, ci, kh, kw] int8 (GPU threads map to elements: vector width 1).
+    Returns ``(acc_at, z_eff)``."""
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
+    oh, ow = out_shape[2:]
+    shift = _s8_shift(x.dtype)
+    z = zx - shift
+    zc = tirx.const(z, "int8")
+
+    def padded(i, ci, y, xx):
+        v = _as_s8(ctx, x.at((i, ci, y - pt, xx - pl)), x.dtype)
+        if not (pt or pl or pb or pr):
+            return v
+        return tirx.if_then_else(tirx.all(y >= pt, y < pt + h, xx >= pl, xx < pl + wd), v, zc)
+    P = compute((n, c, h + pt + pb, wd + pl + pr), padded, name="pad")
+    W = ctx.param(np.ascontiguousarray(w.astype(np.int8)), "qw_s8")
+    rc, rh, rw = te.reduce_axis((0, cg), "rc"), te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
+    acc = compute((n, k, oh, ow), lambda i, co, y, xx: te.sum(
+        cast(P[i, rc, y * sh + rh * dh, xx * sw + rw * dw], I32) * cast(W[co, rc, rh, rw], I32),
+        axis=[rc, rh, rw]), name="conv")
+    ctx.schedule("conv2d", reg_n=1, pad=True)       # ignored on CUDA: dlight schedules the function
+    return Buf(acc, out_shape, I32, 0).at, z
 
 
 def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
@@ -213,11 +271,26 @@ def qgemm(ctx, a, ins, outs):
     m, n = outs[0].shape
     kk = w.shape[1]
     isa = qdot.isa_of(ctx)
-    if qdot.applicable(isa, A, w):
+    if _is_cuda(ctx):
+        acc_at, za = _cuda_dense_s8s8(ctx, A, w, za, m, kk)
+    elif qdot.applicable(isa, A, w):
         acc_at, za = qdot.dense(ctx, A, w, za, isa)
     else:
         acc_at = _dense_int16(ctx, A, w, m, n, kk)
     return [requantized(ctx, a, outs[0], w, bias, za, lambda idx: acc_at(idx[0], idx[1]))]
+
+
+def _cuda_dense_s8s8(ctx, A, w: np.ndarray, za: int, m: int, kk: int):
+    """QLinearGemm's int32 accumulator for CUDA as ``Σ_k int32(A'[i, k]) · int32(W[j, k])`` over
+    int8 operands (A' = A shifted to int8 in its own stage, as in :func:`_cuda_conv_s8s8`), the
+    form dlight's int8 WMMA rule takes when M, N, K > 64. Returns ``(acc_at(i, j), z_eff)``."""
+    A8 = compute((m, kk), lambda i, j: _as_s8(ctx, A.at((i, j)), A.dtype), name="pad")
+    W = ctx.param(np.ascontiguousarray(w.astype(np.int8)), "qw_s8")
+    rk = te.reduce_axis((0, kk), "rk")
+    d = compute((m, w.shape[0]), lambda i, j: te.sum(cast(A8[i, rk], I32) * cast(W[j, rk], I32), axis=[rk]),
+                name="dense")
+    ctx.schedule("dense", mb=1)                      # ignored on CUDA: dlight schedules the function
+    return (lambda i, j: d[i, j]), za - _s8_shift(A.dtype)
 
 
 def _dense_int16(ctx, A, w, m, n, kk):

@@ -1,0 +1,202 @@
+"""ResNet-18-shaped ONNX model (random seeded weights, onnx.helper only) and a report of which of
+its kernels dlight's CUDA rules tensorize (WMMA) after qcompiler's lowering for ``--target cuda``.
+
+    .venv/bin/python scripts/resnet18_tensorcores.py [--batch 1 8] [--dtype int8 fp16] [--source]
+
+For each conv/gemm kernel of the lowered module (after TVM's CUDA pipeline passes up to FuseTIR)
+it prints the implicit-GEMM extents I (n*oh*ow), J (co), K (ci*kh*kw), the first dlight rule that
+applies (Matmul, GEMV, Reduction, GeneralReduction, Fallback, in ApplyDefaultSchedule's order) and
+whether the scheduled function calls the WMMA intrinsics (``tvm_mma_sync``). ``--source`` also
+builds the artifact for sm_90 and counts ``wmma::mma_sync`` in the generated CUDA source.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def resnet18(batch: int = 1, seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
+    """torchvision's resnet18 topology (conv-BN-ReLU, 3x3 max pool, 4 stages of 2 basic blocks,
+    1x1 stride-2 downsample convs, global average pool, FC) with He-initialized random weights and
+    random BN statistics: no torch needed."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    count = Counter()
+
+    def name(p):
+        count[p] += 1
+        return f"{p}{count[p]}"
+
+    def const(arr, p):
+        n = name(p)
+        inits.append(numpy_helper.from_array(np.asarray(arr, np.float32), n))
+        return n
+
+    def conv_bn(x, cin, cout, k, s, relu=True):
+        w = rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
+        y = name("conv")
+        nodes.append(helper.make_node("Conv", [x, const(w, "w")], [y], kernel_shape=[k, k], strides=[s, s],
+                                      pads=[k // 2] * 4))
+        bn = name("bn")
+        nodes.append(helper.make_node("BatchNormalization", [y, const(rng.uniform(0.5, 1.0, cout), "g"),
+                                      const(rng.normal(0, 0.1, cout), "b"), const(rng.normal(0, 0.1, cout), "m"),
+                                      const(rng.uniform(0.5, 1.5, cout), "v")], [bn], epsilon=1e-5))
+        if not relu:
+            return bn
+        r = name("relu")
+        nodes.append(helper.make_node("Relu", [bn], [r]))
+        return r
+
+    def block(x, cin, cout, s):
+        y = conv_bn(x, cin, cout, 3, s)
+        y = conv_bn(y, cout, cout, 3, 1, relu=False)
+        sc = conv_bn(x, cin, cout, 1, s, relu=False) if (s != 1 or cin != cout) else x
+        a = name("add")
+        nodes.append(helper.make_node("Add", [y, sc], [a]))
+        r = name("relu")
+        nodes.append(helper.make_node("Relu", [a], [r]))
+        return r
+
+    x = conv_bn("input", 3, 64, 7, 2)
+    nodes.append(helper.make_node("MaxPool", [x], ["pool0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
+    x, cin = "pool0", 64
+    for cout, s in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        x = block(x, cin, cout, s)
+        x = block(x, cout, cout, 1)
+        cin = cout
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"]))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], axis=1))
+    fw = const(rng.standard_normal((classes, 512)) * np.sqrt(1.0 / 512), "fcw")
+    fb = const(rng.normal(0, 0.01, classes), "fcb")
+    nodes.append(helper.make_node("Gemm", ["flat", fw, fb], ["logits"], transB=1))
+    graph = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                              [batch, 3, 224, 224])], [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                              [batch, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
+
+
+def quantized_graph(path: str, dtype: str, log=lambda *a: None):
+    """The graph ``qcompile PATH --target cuda --dtype DTYPE --calib random`` compiles."""
+    from qcompiler import cli
+    args = cli.build_parser().parse_args(["compile", path, "--target", "cuda", "--dtype", dtype,
+                                          "--calib", "random", "--quiet", "-o", "/tmp/unused_out"])
+    spec = cli._target_spec(args)
+    if dtype == "int8":
+        args.passes = "default,quantize"
+    g = cli.load_model(args)
+    cli.run_pipeline(g, args, log)
+    return g, spec
+
+
+def fused_module(g, spec):
+    """lower() and TVM's CUDA pipeline up to FuseTIR: the PrimFuncs dlight schedules."""
+    import tvm
+    from tvm import relax
+    from qcompiler.codegen.lower import lower
+    mod = lower(g, spec)
+    target = tvm.target.Target(spec.tvm)
+    with target, tvm.transform.PassContext(opt_level=3):
+        for p in (relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                  relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()):
+            mod = p(mod)
+    return mod, target
+
+
+def gemm_extents(func):
+    """(I, J, K) of the function's reduction block read as dlight's implicit GEMM, or None."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
+    sch = s_tir.Schedule(func)
+    blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if not blocks or not get_index_map(sch.get(blocks[0])):
+        return None
+    main = blocks[0]
+    sch.reindex(main, ("read", 0))
+    sch.reindex(main, ("read", 1))
+    sch.reindex(main, ("write", 0))
+    maps = get_index_map(sch.get(main))
+    sch.transform_block_layout(main, maps[0])
+    ext = [int(v.dom.extent) for v in sch.get(main).iter_vars]
+    return tuple(ext[1:])
+
+
+def classify(mod, target):
+    """[(kernel, rule, uses_wmma, (I, J, K) | None)] for every conv/gemm PrimFunc of ``mod``."""
+    import tvm
+    from tvm.s_tir import dlight as dl
+    rules = [getattr(dl.gpu, r)() for r in RULES]
+    rows = []
+    for gv, f in mod.functions.items():
+        if not isinstance(f, tvm.tirx.PrimFunc) or not any(k in gv.name_hint for k in ("conv", "gemm", "Gemm", "Conv")):
+            continue
+        name, sch = "NONE", None
+        for rname, r in zip(RULES, rules):
+            try:
+                sch = r.apply(f, target, False)
+            except Exception:          # noqa: BLE001 - a rule that raises does not apply (as in dlight)
+                sch = None
+            if sch is not None:
+                name = rname
+                break
+        wmma = sch is not None and "tvm_mma_sync" in sch.mod.script()
+        rows.append((gv.name_hint, name, wmma, gemm_extents(f)))
+    return rows
+
+
+def cuda_source_wmma(g, spec, out: Path) -> int:
+    """Builds the artifact for sm_90 and counts ``wmma::mma_sync`` calls in the CUDA source TVM
+    generated for it (before nvcc turned it into the embedded fatbin)."""
+    import tvm
+    from qcompiler.codegen.lower import build_module
+    ex = build_module(g, spec)
+    srcs = []
+
+    def walk(m):
+        if m.kind == "cuda":
+            srcs.append(m.inspect_source())
+        for i in m.imports:
+            walk(i)
+    walk(ex.mod)
+    return sum(s.count("wmma::mma_sync") for s in srcs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--dtype", nargs="+", default=["int8", "fp16"])
+    ap.add_argument("--source", action="store_true", help="also build and count wmma::mma_sync in the CUDA source")
+    a = ap.parse_args(argv)
+    for b in a.batch:
+        path = f"/tmp/resnet18_b{b}.onnx"
+        onnx.save(resnet18(b), path)
+        for dtype in a.dtype:
+            g, spec = quantized_graph(path, dtype)
+            mod, target = fused_module(g, spec)
+            rows = classify(mod, target)
+            print(f"== resnet18 batch {b} --dtype {dtype}: {sum(r[2] for r in rows)} of {len(rows)} "
+                  f"conv/gemm kernels on WMMA tensor cores")
+            for name, rule, wmma, ext in rows:
+                print(f"  {name:40s} {rule:16s} {'WMMA' if wmma else '-':5s} IJK={ext}")
+            if a.source:
+                print(f"  wmma::mma_sync calls in the CUDA source: {cuda_source_wmma(g, spec, Path('/tmp'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
