@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common_model_args(c)
     c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (default x86)")
     c.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
-                   help="precision of weights and activations (default fp32); int8 runs the 'quantize' "
+                   help="precision of weights and activations (default fp32); fp16/bf16 store 16 bits and "
+                        "compute in fp32 (bf16: --target cuda only); int8 runs the 'quantize' "
                         "pass after the pipeline and needs --calib")
     c.add_argument("--cpu", default=None, help="LLVM CPU name (x86: default the host's; arm: e.g. cortex-a76)")
     c.add_argument("--arch", default="sm_90", help="CUDA architectures, comma-separated (default sm_90)")
