@@ -172,8 +172,8 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
                                check=True, capture_output=True)
         return tvm_cc.create_shared(output, objects, **kwargs)
     kwargs = {"cc": cc} if cc else {}
-    ex.export_library(str(path), fcompile=fcompile, workspace_dir=str(workspace), options=["-Wl,--strip-all"],
-                      **kwargs)
+    strip = [] if os.environ.get("QCOMPILER_KEEP_SYMBOLS") == "1" else ["-Wl,--strip-all"]   # bench_arm.py
+    ex.export_library(str(path), fcompile=fcompile, workspace_dir=str(workspace), options=strip, **kwargs)
     shutil.rmtree(workspace)
 
 
