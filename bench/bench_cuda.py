@@ -100,6 +100,39 @@ def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int) -> tuple[fl
     return f(arg).mean * 1e3, y
 
 
+def profile_artifact(out: Path, x: np.ndarray, top: int = 8, reps: int = 20) -> str:
+    """Where the time goes: every call the VM makes (kernels and builtins), each re-run ``reps``
+    times between device syncs from a VM instrument hook (so launch cost is included), summed
+    per function; the ``top`` largest as 'name ms (share)', with the kernel-call count."""
+    import collections
+    import tvm
+    import qcompiler
+    model = qcompiler.load(out)
+    arg = tvm.runtime.tensor(x, model.device)
+    per, calls = collections.Counter(), collections.Counter()
+
+    def instrument(func, symbol, before, ret, *args):
+        if before:
+            model.device.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                func(*args)
+            model.device.sync()
+            per[str(symbol)] += (time.perf_counter() - t0) / reps * 1e3
+            calls[str(symbol)] += 1
+        return 0
+    model._vm.set_instrument(instrument)
+    model._vm["main"](arg)
+    total = sum(per.values())
+    kernels = sum(n for s, n in calls.items() if not s.startswith("vm."))
+    head = ", ".join(f"{s} {t:.3f} ({t / total:.0%})" for s, t in per.most_common(top))
+    kinds = collections.Counter()
+    for s, t in per.items():
+        kinds[s.split("_", 1)[-1].rstrip("0123456789_")] += t
+    by_kind = ", ".join(f"{k} {t:.3f}" for k, t in kinds.most_common())
+    return f"{kernels} kernel calls, sum {total:.3f} ms; by kind: {by_kind}; top: {head}"
+
+
 def conv_onnx(path: Path, n: int, c: int, k: int, hw: int, r: int, stride: int) -> float:
     """One conv + ReLU as ONNX (random weights); returns its multiply-accumulates."""
     import onnx
@@ -127,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--no-conv", action="store_true", help="skip the single-conv peak-fraction measurement")
     p.add_argument("--keep", default=None, help="folder to keep the ONNX files and artifacts in")
+    p.add_argument("--profile", action="store_true", help="print where each qcompiler build spends its time")
     p.add_argument("--cuda-graph", action="store_true",
                    help="build with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
     args = p.parse_args(argv)
@@ -165,6 +199,8 @@ def main(argv=None) -> int:
                 ms, y = time_artifact(out, x, args.warmup, args.iters)
                 row[f"qcompiler {dt}"] = ms
                 row[f"compile {dt} s"] = ct
+                if args.profile:
+                    print(f"  profile {name} b{batch} {dt}: {profile_artifact(out, x)}", flush=True)
                 if dt == "int8":
                     row["int8 top-1 agree"] = float(np.mean(y.argmax(1) == ref.argmax(1)))
                 else:

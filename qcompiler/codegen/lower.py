@@ -78,6 +78,7 @@ the same figures to three digits (rec 9.1e-2, det 5.2e-1: another float32 summat
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -484,7 +485,10 @@ def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
     per-kernel checks of MakePackedAPI (shape, stride, dtype, device of every argument, with their
     message strings) only cost code: measured 444 -> 296 KB of model.so on the Fashion-MNIST
     MobileNet int8 (.text 176 -> 52 KB)."""
-    with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):
+    config = {"tirx.disable_assert": True}
+    if spec.family == "cuda" and os.environ.get("QC_CUDA_GRAPH") == "1":     # experiment (bench_cuda)
+        config["relax.backend.use_cuda_graph"] = True
+    with tvm.transform.PassContext(opt_level=3, config=config):
         return tvm.compile(mod, target=tvm.target.Target(spec.tvm))
 
 

