@@ -16,7 +16,7 @@ For every model, on the same calibration samples and on separate evaluation samp
 
 Accuracy: output SQNR 10 log10(Σ ref² / Σ (ref - int8)²) over all evaluation outputs, top-1
 agreement with fp32 (argmax of each sample's output), and top-1 accuracy where labels exist.
-Latency: batch 1, 2 threads (TVM_NUM_THREADS=2; ORT intra_op_num_threads=2), the median over
+Latency: batch 1 (``--batch 8``: every engine runs the model fixed at batch 8), 2 threads (TVM_NUM_THREADS=2; ORT intra_op_num_threads=2), the median over
 ``--rounds`` interleaved rounds (qcompiler int8, qcompiler fp32, ORT int8, ORT fp32) of the median of ``--iters`` runs;
 the VM function is called on prepared tensors, ORT's ``run`` on numpy feeds. Spinning: idle worker
 threads of neither engine busy-wait (TVM_THREAD_POOL_SPIN_COUNT=0, ORT
@@ -67,6 +67,11 @@ class Case:
     labels: np.ndarray | None     # for eval
     data: str                     # what the samples are
     classifier: bool = True       # top-1 of the output means something
+    batch: int = 1                # compiled/run batch (--batch)
+
+    @property
+    def bshape(self) -> tuple:
+        return (self.batch, *self.shape[1:])
 
 
 def _input_name(path: str) -> str:
@@ -148,8 +153,8 @@ def build_qcompiler(case: Case, tmp: Path, dtype: str = "int8") -> tuple[object,
     model, build seconds)."""
     from qcompiler.runtime import load
     out = tmp / f"{case.name}_{dtype}"
-    argv = [case.path, "--dtype", dtype, "--input-shape", f"{case.input}=" + "x".join(map(str, case.shape)),
-            "-o", str(out), "-q"]
+    argv = [fixed_model(case, tmp), "--dtype", dtype, "--input-shape",
+            f"{case.input}=" + "x".join(map(str, case.bshape)), "-o", str(out), "-q"]
     if dtype == "int8":
         calib = tmp / f"{case.name}_calib.npz"
         np.savez(calib, **{case.input: case.calib})
@@ -161,6 +166,26 @@ def build_qcompiler(case: Case, tmp: Path, dtype: str = "int8") -> tuple[object,
     return load(out), time.perf_counter() - t0
 
 
+def fixed_model(case: Case, tmp: Path) -> str:
+    """The model with its input fixed at the case's (batch, ...) shape, opset >= 13 (per-channel QDQ
+    needs it): every engine runs this file. The models' batch dims are fixed at 1 or dynamic, and
+    each flattens per sample, so only the input's dims change."""
+    src = tmp / f"{case.name}_b{case.batch}.onnx"
+    if src.exists():
+        return str(src)
+    m = onnx.load(case.path)
+    for d, n in zip(m.graph.input[[i.name for i in m.graph.input].index(case.input)].type.tensor_type.shape.dim,
+                    case.bshape):
+        d.Clear()
+        d.dim_value = n
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:
+        from onnx import version_converter
+        m = version_converter.convert_version(m, 13)
+    onnx.save(m, src)
+    return str(src)
+
+
 def build_ort_int8(case: Case, tmp: Path) -> tuple[str, float]:
     """ONNX Runtime's documented static quantization of the original model on the same samples."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
@@ -169,23 +194,14 @@ def build_ort_int8(case: Case, tmp: Path) -> tuple[str, float]:
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter(case.calib[i:i + 1] for i in range(len(case.calib)))
+            b = case.batch
+            self.it = iter(case.calib[i:i + b] for i in range(0, len(case.calib) - b + 1, b))
 
         def get_next(self):
             x = next(self.it, None)
             return None if x is None else {case.input: x}
 
-    src = tmp / f"{case.name}_fixed.onnx"
-    m = onnx.load(case.path)
-    for d, n in zip(m.graph.input[[i.name for i in m.graph.input].index(case.input)].type.tensor_type.shape.dim,
-                    case.shape):
-        d.Clear()
-        d.dim_value = n                               # the same static shape qcompiler compiles
-    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
-    if opset < 13:                                    # per-channel QDQ (DequantizeLinear axis) needs opset 13
-        from onnx import version_converter
-        m = version_converter.convert_version(m, 13)
-    onnx.save(m, src)
+    src = fixed_model(case, tmp)                      # the same static shape qcompiler compiles
     pre, dst = tmp / f"{case.name}_pre.onnx", tmp / f"{case.name}_ort_int8.onnx"
     t0 = time.perf_counter()
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
@@ -223,22 +239,25 @@ def bench(case: Case, tmp: Path, rounds: int, iters: int, threads: int, spin: bo
     ours, ours_build_s = build_qcompiler(case, tmp)
     ours32, _ = build_qcompiler(case, tmp, "fp32")
     ort_q_path, ort_build_s = build_ort_int8(case, tmp)
-    fp32, ort_q = ort_session(case.path, threads, spin), ort_session(ort_q_path, threads, spin)
+    fp32, ort_q = ort_session(fixed_model(case, tmp), threads, spin), ort_session(ort_q_path, threads, spin)
+    b = case.batch
+    chunks = [case.eval[i:i + b] for i in range(0, len(case.eval) - b + 1, b)]
 
     def ort_all(sess):
-        return np.concatenate([sess.run(None, {case.input: case.eval[i:i + 1]})[0] for i in range(len(case.eval))])
+        return np.concatenate([sess.run(None, {case.input: x})[0] for x in chunks])
     ref, theirs = ort_all(fp32), ort_all(ort_q)
-    mine = np.concatenate([ours(case.eval[i:i + 1])[0] for i in range(len(case.eval))]).reshape(ref.shape)
+    mine = np.concatenate([ours(x)[0] for x in chunks]).reshape(ref.shape)
+    labels = case.labels[:len(ref)] if case.labels is not None else None
     r = {"ours_db": sqnr_db(ref, mine), "ort_db": sqnr_db(ref, theirs), "build_s": ours_build_s,
-         "ort_build_s": ort_build_s, "n_calib": len(case.calib), "n_eval": len(case.eval)}
+         "ort_build_s": ort_build_s, "n_calib": len(case.calib), "n_eval": len(ref)}
     if case.classifier:
         r["ours_agree"] = float(np.mean(top1(ref) == top1(mine)))
         r["ort_agree"] = float(np.mean(top1(ref) == top1(theirs)))
-    if case.labels is not None:
-        r["acc"] = {k: float(np.mean(top1(v) == case.labels)) for k, v in
+    if labels is not None:
+        r["acc"] = {k: float(np.mean(top1(v) == labels)) for k, v in
                     (("fp32", ref), ("ours", mine), ("ort", theirs))}
 
-    x = case.eval[:1]
+    x = chunks[0]
     args = [tvm.runtime.tensor(x)]
     f, f32 = ours._main, ours32._main
     feeds = {case.input: x}
@@ -269,6 +288,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spin", action="store_true", help="let idle worker threads busy-wait (both engines)")
+    ap.add_argument("--batch", type=int, default=1, help="compile and run at this batch size (default 1)")
     a = ap.parse_args(argv)
     if a.calib < 1 or a.eval < 1:
         ap.error("--calib and --eval must be at least 1")
@@ -277,10 +297,12 @@ def main(argv=None) -> int:
         os.environ.pop("TVM_THREAD_POOL_SPIN_COUNT", None)
     names = [s.strip() for s in a.models.split(",") if s.strip()]
     cases = make_cases(names, a.calib, a.eval, a.det_size)
+    for c in cases:
+        c.batch = a.batch
     if not cases:
         print("no model selected (or its data is missing)", file=sys.stderr)
         return 1
-    print(f"int8 vs fp32, batch 1, {a.threads} threads; qcompiler = qcompile --dtype int8 (x86 model.so), "
+    print(f"int8 vs fp32, batch {a.batch}, {a.threads} threads; qcompiler = qcompile --dtype int8 (x86 model.so), "
           "ORT int8 = quantize_static QDQ per-channel MinMax; SQNR and top-1 agreement against ORT fp32")
     hdr = (f"{'model':18s} {'calib/eval':>10s} {'SQNR dB ours':>12s} {'ORT':>6s} {'agree ours':>10s} {'ORT':>6s} "
            f"{'top-1 fp32/ours/ORT %':>22s} {'ours ms':>8s} {'ours fp32 ms':>12s} {'ORT8 ms':>8s} {'ORT32 ms':>8s} "
