@@ -219,6 +219,7 @@ class _Lowering:
         self.kernels: list[str] = []
         self.cache: dict[int, list] = {}
         self.calls: list[tuple[Value, relax.Var, relax.Call]] = []    # (root, var, call) in emission order
+        self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
 
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
@@ -323,6 +324,7 @@ class _Lowering:
             scheduled = sched_x86.apply(func, kind, params, self.vw)
         name = f"k{len(self.kernels)}_{hint}"
         self.kernels.append(name)
+        self.sources[name] = (func, kind)
         gv = bb.add_func(scheduled.without_attr("global_symbol"), name)
         self.cache.setdefault(key, []).append((func, gv))
         return gv
@@ -463,9 +465,10 @@ def _hint(name: str) -> str:
     return s if s and not s[0].isdigit() else "v" + s
 
 
-def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
+def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None) -> tvm.IRModule:
     """The Relax module for ``graph`` on ``spec`` (CPU: scheduled TIR kernels; CUDA: unscheduled
-    plain-layout TIR kernels that tvm.compile's CUDA pipeline schedules with dlight)."""
+    plain-layout TIR kernels that tvm.compile's CUDA pipeline schedules with dlight). ``sources``,
+    if given, receives each kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py)."""
     if spec.family not in ("x86", "arm", "cuda"):
         raise LoweringError(f"lower() handles x86, arm and cuda targets; got '{spec.family}'")
     if spec.dtype not in ("fp32", "fp16", "bf16", "int8"):
@@ -473,7 +476,11 @@ def lower(graph: Graph, spec: TargetSpec) -> tvm.IRModule:
                             f"quantized graph), not {spec.dtype}")
     if spec.dtype == "bf16" and spec.family != "cuda":
         raise LoweringError("--dtype bf16 is lowered for --target cuda only")
-    return _Lowering(graph, spec).run()
+    low = _Lowering(graph, spec)
+    mod = low.run()
+    if sources is not None:
+        sources.update(low.sources)
+    return mod
 
 
 def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
