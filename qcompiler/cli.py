@@ -4,6 +4,7 @@
     qcompile inspect MODEL.onnx [--passes P]                                      IR, op histogram, parameters
     qcompile convert MODEL.onnx -o OUT.onnx [--passes P]                          IR after passes, as ONNX
     qcompile run OUT --input X.npy|X.npz [--output Y.npy]                         run an artifact
+             [--rpc-tracker HOST:PORT --rpc-key KEY]                              ... on a remote board
     qcompile verify OUT --data X.npy|X.npz [--qdq F.onnx] [--samples N] [--json]  int8 parity with ONNX Runtime
                                                         (OUT compiled with --debug-layers)
 
@@ -112,6 +113,30 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
                          "'size' the fewest bytes")
 
 
+def _rpc_args(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_argument_group("remote boards (TVM RPC tracker; see README 'Remote boards')")
+    g.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help=f"{what} on a board registered with the TVM RPC tracker at HOST:PORT "
+                        "(python -m tvm.exec.rpc_tracker) instead of this machine; needs --rpc-key")
+    g.add_argument("--rpc-key", default=None, metavar="KEY",
+                   help="device key the boards' RPC servers registered with (rpc_server --key KEY)")
+    g.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for a free board of that key (default 60)")
+
+
+def _rpc_board(args, log):
+    """The board of --rpc-tracker/--rpc-key (connected), or None without them."""
+    if args.rpc_tracker is None and args.rpc_key is None:
+        return None
+    if args.rpc_tracker is None or args.rpc_key is None:
+        given, missing = ("--rpc-tracker", "--rpc-key") if args.rpc_key is None else ("--rpc-key", "--rpc-tracker")
+        raise UserError(f"{given} needs {missing}", given, "give both --rpc-tracker HOST:PORT and --rpc-key KEY")
+    from .runtime import remote
+    board = remote.connect(args.rpc_tracker, args.rpc_key, args.rpc_timeout)
+    log(f"connected to {board}")
+    return board
+
+
 def build_parser() -> argparse.ArgumentParser:
     top = _Parser(prog="qcompile", formatter_class=argparse.RawDescriptionHelpFormatter,
                   description="qcompiler: a quantizing graph compiler for neural networks.\n\n"
@@ -119,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "  qcompile inspect MODEL.onnx [--passes P]              IR text, op histogram, parameters\n"
                   "  qcompile convert MODEL.onnx -o OUT.onnx [--passes P]  the IR after passes, as ONNX\n"
                   "  qcompile run OUT --input X.npz [--output Y.npy]       run a compiled artifact\n"
+                  "      [--rpc-tracker HOST:PORT --rpc-key KEY]           ... on a board of a TVM RPC device farm\n"
                   "  qcompile verify OUT --data X.npz [--qdq F.onnx]       int8 artifact (--debug-layers) vs its QDQ in ORT\n",
                   epilog="Run 'qcompile COMMAND --help' for a command's options.")
     top.add_argument("--version", action="version", version=f"qcompiler {__version__}")
@@ -152,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dtype int8 (x86, arm): also build the per-layer functions and write the "
                         "quantized IR (OUT/model.qir) that `qcompile verify` needs; off by default, as they "
                         "make the artifact larger (model.qir holds every weight again)")
+    _rpc_args(c, "with a budget and --layer-costs measure: time the per-layer int8/float kernels")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
 
@@ -176,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".npy (the single input) or .npz (arrays named like the inputs, or 'x')")
     r.add_argument("--output", default=None, metavar="Y.npy|Y.npz", help="write the outputs here")
     r.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    _rpc_args(r, "run the artifact (and time it: median ms of one run)")
 
     f = sub.add_parser("verify", help="compare an int8 artifact with its QDQ model in ONNX Runtime",
                        description="Run an int8 artifact (ARM ones under qemu-aarch64) and the QDQ export of "
@@ -333,7 +361,8 @@ def run_pipeline(graph, args, log, evaluation=None):
             from .quant import layer_cost
             keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, _target_spec(args), keep,
-                                                                    args.layer_costs, log)
+                                                                    args.layer_costs, log,
+                                                                    remote=getattr(args, "rpc_board", None))
         sel_data = None
         if req.min_sqnr is not None or req.sensitivity:       # measured past calibration and evaluation samples
             sel_data = mixed.selection_data(graph.inputs, evaluation, calib=args.calib,
@@ -458,6 +487,13 @@ def _cmd_compile(args, log) -> int:
         raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
                         f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
                         "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")
+    if args.rpc_tracker is not None or args.rpc_key is not None:
+        if args.min_sqnr is None and args.max_accuracy_drop is None or args.layer_costs != "measure":
+            raise UserError("--rpc-tracker times the layer costs of a budgeted build (--min-sqnr or "
+                            "--max-accuracy-drop with --layer-costs measure); this build measures nothing",
+                            "--rpc-tracker", "add a budget, or run and time the artifact on the board with "
+                            "`qcompile run OUT --input X --rpc-tracker HOST:PORT --rpc-key KEY`")
+        args.rpc_board = _rpc_board(args, log)
     if spec.dtype != "int8" and args.eval:
         raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval", "add --dtype int8")
     if spec.dtype == "int8":
@@ -550,12 +586,19 @@ def cmd_run(args, log) -> int:
     from .runtime import load, run_batches
     if args.output:
         check_output_path(args.output, is_dir=False)
-    model = load(args.artifact)
-    outs = run_batches(model, args.input)
+    board = _rpc_board(args, log)
+    if board is None:
+        model = load(args.artifact)
+        outs = run_batches(model, args.input)
+    else:
+        from .runtime import remote
+        outs, ms = remote.run_remote(board, args.artifact, args.input)
     import numpy as np
     for name, y in outs.items():
         log(f"{name}: shape {list(y.shape)} {y.dtype}, mean {float(np.mean(y)):.6g}, "
             f"min {float(np.min(y)):.6g}, max {float(np.max(y)):.6g}")
+    if board is not None:
+        log(f"ran on {board}: {ms:.4f} ms per run (median on the board)")
     if args.output:
         from .runtime import save_outputs
         save_outputs(outs, args.output)

@@ -33,7 +33,13 @@ sets that meet the accuracy budget, the fastest one::
   262,144 elements) and fit with a line (the average of Q and DQ; a conversion fused into a conv's
   epilogue costs less, so this errs on the side of merging islands).
 
-Without a host measurement (``--target arm`` or ``cuda`` from this x86 machine) an analytic model
+With ``remote`` (a :class:`qcompiler.runtime.remote.RemoteBoard`, from ``qcompile --rpc-tracker
+HOST:PORT --rpc-key KEY``) the same kernels are timed on a board of a device farm instead: the
+kernel library is exported (cross-linked for ``--target arm``), uploaded over TVM RPC and loaded
+there, and ``time_evaluator`` runs on the board's CPU, so only the kernel, not the network, is
+timed; the constants and random activations are copied to the board once per kernel.
+
+Without a measurement (``--target arm`` or ``cuda`` from this x86 machine, and no board) an analytic model
 gives t = MACs / R[precision] + bytes / BW with the per-family constants in :data:`ANALYTIC`
 (MAC rates: x86 from the 3x3 conv of /work/shared/tvm-notes (115.6 MMAC: TVM fp32 1.57 ms, int8
 0.73 ms on 2 cores); arm and cuda are stated assumptions, not measurements, and only their ratios
@@ -126,6 +132,7 @@ class LayerCosts:
     method: str = "measured"                      # "measured" on the host, or "analytic"
     target: str = "x86"
     float_dtype: str = "fp32"
+    measured_on: str = "host"                     # "host", or the RPC board ("board HOST:PORT (key K)")
     _plans: dict = field(default_factory=dict, repr=False)
 
     # -- plan under a float set -------------------------------------------------------------------
@@ -185,6 +192,7 @@ class LayerCosts:
         names = [op.name for op in self.graph.ops if op.name in self.int8_ms]
         return {
             "method": self.method, "target": self.target, "float_dtype": self.float_dtype,
+            "measured_on": self.measured_on if self.method == "measured" else None,
             "conversion_ms": {"fixed": self.conversion_ms[0], "per_element": self.conversion_ms[1]},
             "layers": [{"layer": n, "int8_ms": round(self.int8_ms[n], 5),
                         "float_ms": round(self.float_ms.get(n, 0.0), 5), "precision": prec.get(n, "float")}
@@ -227,25 +235,27 @@ def host_can_measure(spec) -> bool:
 def measure_layer_costs(graph: Graph, spec, *, keep_float: Iterable[str] = frozenset(),
                         int8_graph: Graph | None = None, float_dtype: str = "fp32",
                         measure: bool | None = None, repeats: int = 5,
-                        min_repeat_ms: float = 5.0) -> LayerCosts:
+                        min_repeat_ms: float = 5.0, remote=None) -> LayerCosts:
     """Per-layer int8 and float costs of ``graph`` (after the default passes, before quantize; not
     modified) on ``spec`` (a :class:`~qcompiler.codegen.target.TargetSpec`; its dtype is ignored).
 
     ``int8_graph``: the quantized graph if the caller has one (else one is made for timing);
     ``float_dtype``: "fp16" times the float build with fp16 storage; ``measure``: time kernels on
-    this host (default: when the target is x86 and so is the host), else the analytic model."""
+    this host (default: when the target is x86 and so is the host), else the analytic model;
+    ``remote``: a :class:`~qcompiler.runtime.remote.RemoteBoard` to time the kernels on instead of
+    this host (CPU targets: x86, arm)."""
     keep_float = frozenset(keep_float)
     prepared = prepared_float_graph(graph, keep_float)
     names = {op.name for op in prepared.ops}
     if measure is None:
-        measure = host_can_measure(spec)
+        measure = remote is not None or host_can_measure(spec)
     if int8_graph is None:
         int8_graph = quantize_for_timing(prepared, keep_float)
     fspec = dataclasses.replace(spec, dtype=float_dtype)
     if measure:
-        int8_k = kernel_times(int8_graph, dataclasses.replace(spec, dtype="int8"), repeats, min_repeat_ms)
-        float_k = kernel_times(prepared, fspec, repeats, min_repeat_ms)
-        conv = conversion_fit(fspec, repeats, min_repeat_ms)
+        int8_k = kernel_times(int8_graph, dataclasses.replace(spec, dtype="int8"), repeats, min_repeat_ms, remote)
+        float_k = kernel_times(prepared, fspec, repeats, min_repeat_ms, remote)
+        conv = conversion_fit(fspec, repeats, min_repeat_ms, remote)
         method = "measured"
     else:
         consts = ANALYTIC[spec.family]
@@ -257,7 +267,8 @@ def measure_layer_costs(graph: Graph, spec, *, keep_float: Iterable[str] = froze
     float_ms = attribute(float_k, names)
     # layers int8 in the all-int8 plan; a layer with no kernel of its own (a reshape aliasing its
     # input) costs 0 in both precisions
-    costs = LayerCosts(prepared, {}, float_ms, conv, keep_float, method, spec.family, float_dtype)
+    costs = LayerCosts(prepared, {}, float_ms, conv, keep_float, method, spec.family, float_dtype,
+                       str(remote) if remote is not None and measure else "host")
     for n, p in costs.precisions().items():
         if p == "int8":
             costs.int8_ms[n] = int8_ms.get(n, 0.0)
@@ -303,17 +314,20 @@ def analytic_times(graph: Graph, consts: Analytic, precision: str) -> list[tuple
     return res
 
 
-def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0) -> list[tuple[list[Op], float]]:
-    """Lower and compile ``graph`` for ``spec`` and time every kernel alone on this host:
-    [(the IR ops fused into it, median ms)] in emission order."""
-    return [(members, ms) for members, _, _, ms in time_each_kernel(graph, spec, repeats, min_repeat_ms)]
+def kernel_times(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0,
+                 remote=None) -> list[tuple[list[Op], float]]:
+    """Lower and compile ``graph`` for ``spec`` and time every kernel alone on this host (or on
+    the RPC board ``remote``): [(the IR ops fused into it, median ms)] in emission order."""
+    return [(members, ms) for members, _, _, ms in time_each_kernel(graph, spec, repeats, min_repeat_ms, remote)]
 
 
-def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0) -> list[tuple]:
+def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float = 5.0,
+                     remote=None) -> list[tuple]:
     """[(the IR ops fused into the kernel, its name, its scheduled PrimFunc, median ms)] for every
-    kernel call of ``graph`` built for ``spec``, in emission order, each timed alone on this host on
-    its compile-time constants and random activations; identical calls (same kernel and shapes) are
-    timed once."""
+    kernel call of ``graph`` built for ``spec``, in emission order, each timed alone on this host
+    (or, with ``remote``, a :class:`~qcompiler.runtime.remote.RemoteBoard`, on that board's CPU)
+    on its compile-time constants and random activations; identical calls (same kernel and shapes)
+    are timed once."""
     import tvm
     from ..codegen.fusion import plan
     from ..codegen.lower import _Lowering, tvm_compile
@@ -322,6 +336,8 @@ def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float 
     ex = tvm_compile(mod, spec)
     lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
     dev = tvm.cpu()
+    if remote is not None:
+        lib, dev = _on_board(lib, spec, remote)
     order = {op: i for i, op in enumerate(graph.ops)}
     groups = {id(g.root): g for g in plan(graph)}
     rng = np.random.default_rng(0)
@@ -329,7 +345,7 @@ def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float 
     for root, _, call in low.calls:
         gv = call.args[0]
         name = gv.name_hint
-        args = [_arg(a, dev, rng) for a in call.args[1].fields]
+        args = [_arg(a, dev, rng, remote is not None) for a in call.args[1].fields]
         ty = call.ty_args[0]
         args.append(tvm.runtime.empty(tuple(int(d) for d in ty.shape), ty.dtype, dev))
         key = (name, tuple(tuple(a.shape) for a in args))
@@ -340,10 +356,30 @@ def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float 
     return out
 
 
-def _arg(a, dev, rng):
+def _on_board(lib, spec, remote):
+    """Export the kernel library ``lib`` (linked for ``spec``'s family), upload it to the RPC
+    board ``remote`` and load it there: (the remote module, the board's CPU device)."""
+    import hashlib
+    import tempfile
+    from pathlib import Path
+    from tvm.support import cc as tvm_cc
+    from ..codegen.artifact import export_cc
+    if spec.family == "cuda":
+        raise ValueError("remote kernel timing covers CPU targets (x86, arm), not cuda")
+    cc = export_cc(spec)
+    with tempfile.TemporaryDirectory(prefix="qcompiler-kernels-") as tmp:
+        path = Path(tmp) / "kernels.so"
+        lib.export_library(str(path), fcompile=tvm_cc.create_shared, workspace_dir=tmp,
+                           **({"cc": cc} if cc else {}))
+        name = f"qcompiler-kernels-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.so"
+        remote.session.upload(str(path), target=name)
+    return remote.session.load_module(name), remote.session.cpu(0)
+
+
+def _arg(a, dev, rng, copy_constants: bool = False):
     import tvm
     if isinstance(a, tvm.ir.expr.Constant):
-        return a.value
+        return tvm.runtime.tensor(a.value.numpy(), dev) if copy_constants else a.value
     shape = tuple(int(d) for d in a.ty.shape)
     dt = str(a.ty.dtype)
     if dt.startswith("float"):
@@ -358,7 +394,7 @@ def _arg(a, dev, rng):
 CONVERSION_SIZES = (4096, 262144)
 
 
-def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0) -> tuple[float, float]:
+def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0, remote=None) -> tuple[float, float]:
     """(a, b) of a + b·n ms for one Q or DQ conversion of n elements: standalone QuantizeLinear and
     DequantizeLinear kernels of the real code generator timed at two sizes, averaged."""
     from ..ir.types import QuantParams, TensorType
@@ -372,7 +408,7 @@ def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0) -> tuple
                         result_names=["xq"]).result
         y = g.create_op("DequantizeLinear", [q], name="dq", result_names=["y"]).result
         g.outputs = [q, y]
-        ks = kernel_times(g, dataclasses.replace(fspec, dtype=fspec.dtype), repeats, min_repeat_ms)
+        ks = kernel_times(g, dataclasses.replace(fspec, dtype=fspec.dtype), repeats, min_repeat_ms, remote)
         pts.append(float(np.mean([ms for _, ms in ks])))
     (n0, n1), (t0, t1) = CONVERSION_SIZES, pts
     b = max((t1 - t0) / (n1 - n0), 0.0)
@@ -384,18 +420,24 @@ LAYER_COSTS_MODES = ("measure", "model", "off")
 
 
 def for_budget(graph: Graph, spec, keep_float: Iterable[str], mode: str = "measure",
-               log=lambda m: None) -> LayerCosts | None:
+               log=lambda m: None, remote=None) -> LayerCosts | None:
     """The costs the budgeted selection uses (``qcompile --min-sqnr/--max-accuracy-drop``):
     ``mode`` "measure" times the kernels on this host when it can run the target (else falls back
-    to the model, said in the log), "model" the analytic model, "off" none (accuracy only)."""
+    to the model, said in the log), or on the RPC board ``remote`` when given (``--rpc-tracker``;
+    CPU targets), "model" the analytic model, "off" none (accuracy only)."""
     if mode == "off":
         return None
-    measure = mode == "measure" and host_can_measure(spec)
+    if remote is not None and spec.family == "cuda":
+        log("layer costs: remote timing covers CPU targets; using the analytic cost model for cuda")
+        remote = None
+    measure = mode == "measure" and (remote is not None or host_can_measure(spec))
     if mode == "measure" and not measure:
         log(f"layer costs: cannot time {spec.family} kernels on this host; using the analytic cost model")
-    log("layer costs: " + ("building the model all-int8 and all-float and timing every kernel"
+    where = f" on {remote}" if remote is not None and measure else ""
+    log("layer costs: " + (f"building the model all-int8 and all-float and timing every kernel{where}"
                            if measure else "analytic model (MACs and bytes per layer)"))
-    return measure_layer_costs(graph, spec, keep_float=keep_float, float_dtype=spec.float_dtype, measure=measure)
+    return measure_layer_costs(graph, spec, keep_float=keep_float, float_dtype=spec.float_dtype, measure=measure,
+                               remote=remote if measure else None)
 
 
 def format_text(latency: dict) -> str:
@@ -404,7 +446,9 @@ def format_text(latency: dict) -> str:
     if not latency:
         return ""
     ms = {r["layer"]: r for r in latency["layers"]}
-    lines = [f"latency ({latency['method']}, {latency['target']}): {latency['latency_ms']:.3f} ms predicted "
+    on = latency.get("measured_on")
+    method = latency["method"] + (f" on {on}" if on and on != "host" else "")
+    lines = [f"latency ({method}, {latency['target']}): {latency['latency_ms']:.3f} ms predicted "
              f"with {latency['boundaries']} Q/DQ conversions (all int8 {latency['all_int8_latency_ms']:.3f} ms, "
              f"all float {latency['float_latency_ms']:.3f} ms)"]
     for n in latency["slower_than_float"]:
