@@ -19,6 +19,9 @@ The A operand is one 32-bit word (4 x u8 or 2 x s16) broadcast to all lanes, the
 vector register of packed weights. Each intrinsic is registered once per accumulator scope
 (``global`` and ``local``: tensorize matches buffer scopes) and lane count (4, 8, 16: xmm, ymm,
 zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``.
+
+:class:`DotIsa` also describes ARM's ``sdot`` (s8 x s8, groups of 4, 4 lanes), whose intrinsic
+and target test live in :mod:`.intrin_arm`; :func:`int8_isa` answers for both families.
 """
 from __future__ import annotations
 
@@ -33,22 +36,23 @@ from .target import TargetSpec
 
 @dataclass(frozen=True)
 class DotIsa:
-    """The integer dot product a target gets: ``kind`` is "vnni" (u8 x s8, groups of 4) or
-    "pmaddwd" (s16 x s16, groups of 2); ``lanes`` the widest int32 vector (16 or 8)."""
+    """The integer dot product a target gets: ``kind`` is "vnni" (u8 x s8, groups of 4),
+    "pmaddwd" (s16 x s16, groups of 2) or, on arm, "sdot" (s8 x s8, groups of 4); ``lanes`` the
+    widest int32 vector (16 or 8 on x86, 4 for sdot)."""
     kind: str
     lanes: int
 
     @property
     def group(self) -> int:
-        return 4 if self.kind == "vnni" else 2
+        return 2 if self.kind == "pmaddwd" else 4
 
     @property
     def a_dtype(self) -> str:
-        return "uint8" if self.kind == "vnni" else "int16"
+        return {"vnni": "uint8", "sdot": "int8"}.get(self.kind, "int16")
 
     @property
     def b_dtype(self) -> str:
-        return "int8" if self.kind == "vnni" else "int16"
+        return "int16" if self.kind == "pmaddwd" else "int8"
 
     def lanes_for(self, n: int) -> int:
         """The widest lane count (lanes, lanes/2, lanes/4 >= 4) dividing ``n``, or 0."""
@@ -60,6 +64,9 @@ class DotIsa:
         return 0
 
     def intrin(self, lanes: int, scope: str = "local") -> str:
+        if self.kind == "sdot":
+            from .intrin_arm import register
+            return register(lanes, scope)
         return _register(self.kind, lanes, scope)
 
     def __str__(self):
@@ -67,11 +74,15 @@ class DotIsa:
 
 
 def int8_isa(spec: TargetSpec) -> DotIsa | None:
-    """The dot-product formulation for ``spec`` (None: not x86, or no AVX2: plain loops).
+    """The dot-product formulation for ``spec`` (None: plain loops).
 
-    Asks LLVM whether the target's CPU (``spec.cpu`` or the host) with ``spec.features``
+    arm: ``sdot`` when the CPU/features have ``dotprod`` (:func:`.intrin_arm.arm_isa`).
+    x86: asks LLVM whether the target's CPU (``spec.cpu`` or the host) with ``spec.features``
     (``-avx512vnni`` etc. switch features off) has AVX512-VNNI (512-bit lanes when AVX-512F is on),
     AVX-VNNI (256-bit), AVX-512BW or AVX2."""
+    if spec.family == "arm":
+        from .intrin_arm import arm_isa
+        return arm_isa(spec)
     if spec.family != "x86":
         return None
     host = spec.host_tvm

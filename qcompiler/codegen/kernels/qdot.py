@@ -1,16 +1,22 @@
-"""x86 int8 convolution and gemm on dot-product instructions (VNNI ``vpdpbusd`` or ``vpmaddwd``).
+"""int8 convolution and gemm on dot-product instructions: x86 VNNI ``vpdpbusd`` or ``vpmaddwd``,
+ARM ``sdot`` (+dotprod).
 
 The accumulation ``acc[c] = Σ_k x[k] · w[c, k]`` is tensorized with the intrinsics of
-:mod:`..intrin_x86`: the reduction runs in groups of ``q`` consecutive input channels (q = 4 for
-VNNI, 2 for pmaddwd) and ``L`` output channels per instruction (16, 8 or 4 int32 lanes).
+:mod:`..intrin_x86` and :mod:`..intrin_arm`: the reduction runs in groups of ``q`` consecutive
+input channels (q = 4 for VNNI and sdot, 2 for pmaddwd) and ``L`` output channels per
+instruction (16, 8 or 4 int32 lanes on x86; 4 = one 128-bit NEON register for sdot, with blocks
+of 8 output channels = two registers where the channel count and output width allow).
 
 Operands, packed so that one group is one 32-bit word and one weight tile one vector register:
 
 * activations ``P`` (n, C'/bi, H + pads, W + pads, bi): NCHW{bi}c with ``bi`` a multiple of q and
   the input channels of each group padded to C'/g = ceil(C/g / q)·q. VNNI reads uint8; an int8
   activation x is stored as ``x ^ 0x80 = x + 128`` (mod 256) and its zero point becomes z + 128,
-  so that ``Σ (x - z) w`` is unchanged. The pmaddwd path stores the values widened to int16.
-  A uint8 input already blocked by a multiple of 4 channels, with no padding, is read in place.
+  so that ``Σ (x - z) w`` is unchanged. sdot reads int8, the mirror image: a uint8 activation
+  x is stored as ``x ^ 0x80 = x - 128`` (as int8) and its zero point becomes z - 128. The
+  pmaddwd path stores the values widened to int16. An input already in the A operand type
+  (uint8 for VNNI, int8 for sdot), blocked by a multiple of 4 channels, with no padding, is read
+  in place.
 * weights (K'/bo, C'/g/bi, R, S, bi/q, bo, q), packed at compile time: ``bo`` output channels
   (one or two registers of L lanes) by q input channels, zero for padded channels; the output
   channels of each group are padded to a multiple of 4 when L would not divide them.
@@ -53,16 +59,27 @@ def wrap_int32(v: np.ndarray) -> np.ndarray:
 
 
 def _to_a(isa: DotIsa, v, src_dtype: str):
-    """A stored uint8/int8 activation as the intrinsic's A operand type."""
+    """A stored uint8/int8 activation as the intrinsic's A operand type (the sign bit flipped
+    between uint8 and int8: ``x ^ 0x80`` is x + 128 resp. x - 128 modulo 256)."""
     if isa.kind == "vnni":
         if src_dtype == "uint8":
             return v
         return tirx.bitwise_xor(tirx.reinterpret("uint8", v), tirx.const(0x80, "uint8"))
+    if isa.kind == "sdot":
+        if src_dtype == "int8":
+            return v
+        return tirx.reinterpret("int8", tirx.bitwise_xor(v, tirx.const(0x80, "uint8")))
     return v.astype("int16")
 
 
 def effective_zp(isa: DotIsa, src_dtype: str, z: int) -> int:
-    return z + 128 if isa.kind == "vnni" and src_dtype == "int8" else z
+    """The zero point of the stored A operand: z + 128 for int8 on VNNI, z - 128 for uint8 on
+    sdot (both in the operand type's range), else z."""
+    if isa.kind == "vnni" and src_dtype == "int8":
+        return z + 128
+    if isa.kind == "sdot" and src_dtype == "uint8":
+        return z - 128
+    return z
 
 
 def applicable(isa: DotIsa | None, x, w: np.ndarray | None) -> bool:

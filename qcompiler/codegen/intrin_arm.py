@@ -1,0 +1,104 @@
+"""ARM (aarch64) integer dot-product tensor intrinsic for the int8 kernels, and whether a target has it.
+
+**sdot** (Armv8.2-A dot product, FEAT_DotProd, LLVM feature ``dotprod``; Cortex-A55/A75/A76 and
+later, Neoverse N1/V1): ``SDOT Vd.4S, Vn.16B, Vm.16B`` adds, to each of the 4 int32 lanes of Vd,
+the 4 products of the corresponding 4 signed bytes of Vn and Vm (Arm ARM, "SDOT (vector)").
+Both operands are *signed* int8. That is the 4-lane shape of x86 VNNI's ``vpdpbusd`` with an
+int8 instead of a uint8 A operand, so the kernels of :mod:`.kernels.qdot` use it unchanged but
+for the activation's storage: a uint8 activation ``x`` is stored as ``x ^ 0x80 = x - 128``
+(int8) and its zero point becomes ``z - 128``, so that ``Σ (x - z)·w`` is unchanged; int8
+activations are read in place.
+
+Exactness: each product is at most 128·128 = 2^14 in magnitude and the sum of four 2^16, formed
+exactly in the int32 lane; the accumulation wraps modulo 2^32 (sdot does not saturate), which is
+exact for the true result as the kernels fold the zero point as ``Σ x w − z Σ w`` (see
+:mod:`.intrin_x86`).
+
+``C[i] += Σ_k A[k] · B[i, k]`` for 4 lanes i and k < 4: A is one 32-bit word (4 x s8) broadcast
+to the 4 lanes, B one 128-bit register (4 lanes x 4 s8). A block of 8 output channels is two
+such instructions (the schedule unrolls the register loop). The intrinsic is registered per
+accumulator scope (tensorize matches buffer scopes): ``qc_arm_sdot_4_{scope}``. TVM's own
+``dot_4x4_i8i8s32_sdot`` (tvm/s_tir/tensor_intrin/arm_cpu.py) is the same computation with a
+``global`` accumulator, which does not match the kernels' ``local`` register accumulators.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from .target import TargetSpec
+
+SDOT_LLVM = "llvm.aarch64.neon.sdot.v4i32.v16i8"
+
+
+def arm_isa(spec: TargetSpec):
+    """``DotIsa("sdot", 4)`` when LLVM says the arm target's CPU (``spec.cpu``, generic when
+    unset) with ``spec.features`` (``+dotprod`` switches it on, ``-dotprod`` off) has the dot
+    product; None otherwise (the plain int16-product loops)."""
+    if spec.family != "arm":
+        return None
+    host = spec.host_tvm
+    return _isa(host.get("mtriple", "aarch64-linux-gnu"), host.get("mcpu", ""), tuple(host.get("mattr", ())))
+
+
+@lru_cache(maxsize=None)
+def _isa(mtriple: str, cpu: str, mattr: tuple):
+    import tvm
+    from tvm.target import codegen
+
+    from .intrin_x86 import DotIsa
+    t = {"kind": "llvm", "mtriple": mtriple}
+    if cpu:
+        t["mcpu"] = cpu
+    if mattr:
+        t["mattr"] = list(mattr)
+    target = tvm.target.Target(t)
+    if codegen.llvm_cpu_has_features(["dotprod"], target):
+        return DotIsa("sdot", 4)
+    return None
+
+
+def _make(lanes: int, scope: str):
+    if lanes != 4:
+        raise ValueError(f"sdot has 4 int32 lanes, not {lanes}")
+    k, word = 4, 16
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((k,), "int8", offset_factor=1),
+             B: T.Buffer((lanes, k), "int8", offset_factor=1),
+             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for j in T.serial(0, k):
+                    with T.sblock("update"):
+                        vi, vj = T.axis.remap("SR", [i, j])
+                        C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((k,), "int8", offset_factor=1),
+             B: T.Buffer((lanes, k), "int8", offset_factor=1),
+             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            a32 = T.reinterpret(A.vload([0], "int8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
+                T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
+                B.vload([0, 0], dtype=f"int8x{word}"), dtype="int32x4")
+    return desc, impl
+
+
+@lru_cache(maxsize=None)
+def register(lanes: int, scope: str) -> str:
+    """The name of the sdot intrinsic for ``lanes`` (4) int32 accumulators in ``scope``."""
+    name = f"qc_arm_sdot_{lanes}_{scope}"
+    try:
+        s_tir.TensorIntrin.get(name, allow_missing=False)
+    except Exception:  # noqa: BLE001 - not registered yet in this process
+        s_tir.TensorIntrin.register(name, *_make(lanes, scope))
+    return name
