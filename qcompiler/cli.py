@@ -586,6 +586,9 @@ def cmd_run(args, log) -> int:
     from .runtime import load, run_batches
     if args.output:
         check_output_path(args.output, is_dir=False)
+    if args.rpc_tracker is not None:          # a bad OUT fails before waiting for a board
+        from .runtime import read_manifest
+        read_manifest(args.artifact, verify_hash=False)
     board = _rpc_board(args, log)
     if board is None:
         model = load(args.artifact)
