@@ -102,3 +102,69 @@ def register(lanes: int, scope: str) -> str:
     except Exception:  # noqa: BLE001 - not registered yet in this process
         s_tir.TensorIntrin.register(name, *_make(lanes, scope))
     return name
+
+
+def _make_lane(groups: int, scope: str):
+    if not 1 <= groups <= 4:
+        raise ValueError(f"indexed sdot takes 1 to 4 groups (lanes of a 128-bit register), not {groups}")
+    """``C[i] += Σ_{g<G, j<4} A[4g + j] · B[g, i, j]``: G consecutive groups of 4 input channels
+    (one 4G-byte load of A) on G indexed sdots, ``SDOT Vd.4S, Vn.16B, Vm.4B[g]``, each taking
+    its A word from lane g of the loaded register instead of a broadcast load of its own."""
+    lanes, k = 4, 4
+    s0 = T.int32()
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (groups * k,), "int8", offset_factor=1)
+        B = T.match_buffer(b, (groups, lanes, k), "int8", offset_factor=1, strides=[s0, k, 1])
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:groups * k], B[0:groups, 0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for g in T.serial(0, groups):
+                for i in T.serial(0, lanes):
+                    for j in T.serial(0, k):
+                        with T.sblock("update"):
+                            vi, vg, vj = T.axis.remap("SRR", [i, g, j])
+                            C[vi] = C[vi] + T.cast(A[vg * k + vj], "int32") * T.cast(B[vg, vi, vj], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (groups * k,), "int8", offset_factor=1)
+        B = T.match_buffer(b, (groups, lanes, k), "int8", offset_factor=1, strides=[s0, k, 1])
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:groups * k], B[0:groups, 0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            words = T.reinterpret(A.vload([0], f"int8x{groups * k}"), dtype=f"int32x{groups}")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
+                B.vload([0, 0, 0], dtype="int8x16"),
+                T.reinterpret(T.Shuffle([words] * 4, [0, 0, 0, 0]), dtype="int8x16"), dtype="int32x4")
+            if groups > 1:        # a Python constant: the parser keeps or drops the statement
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
+                    B.vload([1, 0, 0], dtype="int8x16"),
+                    T.reinterpret(T.Shuffle([words] * 4, [1, 1, 1, 1]), dtype="int8x16"), dtype="int32x4")
+            if groups > 2:
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
+                    B.vload([2, 0, 0], dtype="int8x16"),
+                    T.reinterpret(T.Shuffle([words] * 4, [2, 2, 2, 2]), dtype="int8x16"), dtype="int32x4")
+            if groups > 3:
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
+                    B.vload([3, 0, 0], dtype="int8x16"),
+                    T.reinterpret(T.Shuffle([words] * 4, [3, 3, 3, 3]), dtype="int8x16"), dtype="int32x4")
+    return desc, impl
+
+
+@lru_cache(maxsize=None)
+def register_lane(groups: int, scope: str = "local") -> str:
+    """The name of the indexed-sdot intrinsic over ``groups`` groups of 4 input channels."""
+    name = f"qc_arm_sdot_4x{groups}_{scope}"
+    try:
+        s_tir.TensorIntrin.get(name, allow_missing=False)
+    except Exception:  # noqa: BLE001 - not registered yet in this process
+        s_tir.TensorIntrin.register(name, *_make_lane(groups, scope))
+    return name

@@ -11,7 +11,8 @@ HardSwish epilogue. To pay for qemu and the cross-linker once, every case is one
 a single graph (its own input and output); the graph is built twice, with +dotprod (cortex-a76)
 and without it (cortex-a53), the schedules in strict mode (a tensorize that fails raises instead of
 falling back to plain loops). The sdot build's disassembly has ``sdot`` instructions and the
-plain one's has none (aarch64-linux-gnu-objdump -d).
+plain one's has none (aarch64-linux-gnu-objdump -d); convs whose input-channel block holds 2-4
+groups of 4 use the indexed form ``sdot Vd.4s, Vn.16b, Vm.4b[lane]`` (intrin_arm.register_lane).
 
 Needs: apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
        scripts/fetch_aarch64_runtime.sh
@@ -168,9 +169,11 @@ def test_arm_dot_shape_classes_bit_exact_under_qemu(run_model, cases, tmp_path, 
     assert not bad, f"{path}: " + "; ".join(bad)
     print(f"\n{path}: {len(labels)} conv/gemm cases bit-exact under qemu-aarch64")
     # the instruction is there exactly when the target has it
-    n_sdot = sum(1 for line in _disasm(out).splitlines() if "\tsdot\t" in line)
-    print(f"{path}: {n_sdot} sdot instructions in model.so")
-    assert (n_sdot > 0) == (path == "sdot"), n_sdot
+    sdots = [line for line in _disasm(out).splitlines() if "\tsdot\t" in line]
+    n_lane = sum(1 for line in sdots if ".4b[" in line)
+    print(f"{path}: {len(sdots)} sdot instructions in model.so, {n_lane} of them indexed (Vm.4B[lane])")
+    assert (len(sdots) > 0) == (path == "sdot"), len(sdots)
+    assert (n_lane > 0) == (path == "sdot"), n_lane       # the convs with input-channel blocks of 8-16
 
 
 @pytest.mark.skipif(shutil.which(OBJDUMP) is None, reason=f"no {OBJDUMP}")

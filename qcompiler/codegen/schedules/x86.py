@@ -258,15 +258,23 @@ def dense(sch, vw, mb):
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
+def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
     """int8 conv on a dot-product intrinsic (:mod:`..kernels.qdot`): block "conv" has loops
     (n, ko, y, x, ki, icb, rh, rw, ic, iq); the loop nest is that of :func:`_nchwc` with the output
-    channels split into registers of ``lanes`` and the (lanes x iq) tile tensorized."""
+    channels split into registers of ``lanes`` and the (lanes x iq) tile tensorized.
+
+    ``span`` (ARM indexed sdot, :func:`..intrin_arm.register_lane`): the intrinsic also covers
+    the ``ic`` groups of the input-channel block, ``(ic x lanes x iq)``, so ic moves inside the
+    register tile: one load of A per output column and input-channel block, reused by all the
+    tile's output-channel registers through the sdot lane index."""
     blk = sch.get_sblock("conv")
     n, ko, y, x, ki, icb, rh, rw, ic, iq = sch.get_loops(blk)
     xo, xi = sch.split(x, [None, reg_n])
     kio, kil = sch.split(ki, [None, lanes])
-    sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
+    if span:
+        sch.reorder(n, ko, y, xo, icb, rh, rw, xi, kio, ic, kil, iq)
+    else:
+        sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
     _parallel(sch, sch.fuse(n, ko, y))
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
@@ -276,7 +284,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin):
     sch.unroll(kio)          # ic stays a loop: its body is reg_n x kio dot products already, and
     init = sch.decompose_reduction(blk, icb)    # unrolling it (<= 8) only multiplied the code
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(kil, intrin)
+    sch.tensorize(ic if span else kil, intrin)
     if pad:
         _pack_nest(sch, vw)
 
