@@ -99,6 +99,7 @@ from .kernels import reduce as kred
 from .kernels import shape as kshape
 from .kernels import sparse as ksparse
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
+from .schedules import cuda_wmma
 from .schedules import x86 as sched_x86
 from .target import TargetSpec
 
@@ -211,6 +212,7 @@ class _Lowering:
     def __init__(self, graph: Graph, spec: TargetSpec):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
+        self.cuda_target = tvm.target.Target(spec.tvm) if spec.family == "cuda" else None
         self.fdtype = ("bfloat16" if spec.dtype == "bf16" else
                        "float16" if "fp16" in (spec.dtype, spec.float_dtype) else "float32")
         self.stored: dict[Value, Stored] = {}
@@ -319,7 +321,9 @@ class _Lowering:
         if kind == "sparse":
             scheduled = ksparse.schedule(func, self.spec.family, self.vw, **params)
         elif self.spec.family == "cuda":
-            scheduled = func          # left unscheduled: TVM's CUDA pipeline applies dlight's GPU rules
+            # int8 implicit GEMMs on tensor cores (dlight's own int8 rule does not build in TVM 0.27:
+            # schedules/cuda_wmma.py); everything else left to the CUDA pipeline's dlight rules
+            scheduled = cuda_wmma.schedule_int8(func, self.cuda_target) or func
         else:
             scheduled = sched_x86.apply(func, kind, params, self.vw)
         name = f"k{len(self.kernels)}_{hint}"

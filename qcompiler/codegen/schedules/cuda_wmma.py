@@ -1,0 +1,179 @@
+"""int8 tensor cores (WMMA m16n16k16, s8 x s8 -> s32) for the CUDA implicit-GEMM kernels.
+
+TVM 0.27's dlight ``gpu.Matmul`` hands an s8 x s8 -> s32 reduction with I, J, K > 64 to
+``MatmulInt8Tensorization`` (tvm/s_tir/dlight/gpu/matmul.py). That rule tiles K as
+``[None, 1]`` x 16: the inner k loop it annotates for software pipelining has extent 1, and
+``tvm.compile`` then fails in InjectSoftwarePipeline (``GetWmmaFragmentSize``: "Check failed:
+(it != fragment_info_.end())") -- on a plain 256x256x256 int8 matmul built from ``te`` too, so
+it is TVM's, not our kernels'. Its float16 sibling ``MatmulTensorization`` tiles K as
+``[None, 4]`` and builds. :class:`MatmulInt8WMMA` is dlight's int8 rule with that one change
+(K tiled 4 x 16 = 64 per shared-memory stage, padded by ``pad_einsum``; the int8 rule's
+shared-memory alignment and intrinsics kept): the same schedule otherwise -- reindex to
+``C[S, I, J] += A[S, I, K] * B[S, J, K]``, 128x128 block tiles (4x4 warps of 2x2 16x16 fragments),
+A/B staged through dynamic shared memory with the producers (our padding/shift stage) inlined
+into the fetch, WMMA fragment loads/mma_sync/stores, the requantization epilogue inlined after
+the accumulator's store.
+
+:func:`schedule_int8` applies it to a PrimFunc under the conditions dlight's ``Matmul`` checks
+before its tensorizers (CUDA sm_70+, every static I, J, K extent > 64, the reduction reading int8
+and writing int32); the lowering (:mod:`..lower`) marks the result scheduled, so dlight's default
+rules leave it alone, and everything else still goes to dlight.
+"""
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
+                                          get_in_out_dtypes, get_index_map, get_reduction_blocks)
+from tvm.target import Target
+
+MIN_EXTENT = 64          # dlight Matmul's minimal_tensorize_threshold: every I, J, K must exceed it
+
+
+def gemm_extents(func: tirx.PrimFunc) -> tuple[tuple[int, ...], str, str] | None:
+    """((S, I, J, K), in dtype, out dtype) of ``func``'s reduction read as dlight's implicit GEMM,
+    or None when dlight's Matmul would not take it (no single reduction block / no GEMM index map)."""
+    sch = s_tir.Schedule(func)
+    blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if not blocks or not get_index_map(sch.get(blocks[0])):
+        return None
+    main = blocks[0]
+    for rw in (("read", 0), ("read", 1), ("write", 0)):
+        sch.reindex(main, rw)
+    sch.transform_block_layout(main, get_index_map(sch.get(main))[0])
+    stmt = sch.get(main)
+    ext = tuple(int(v.dom.extent) if isinstance(v.dom.extent, tirx.IntImm) else -1 for v in stmt.iter_vars)
+    return (ext, *get_in_out_dtypes(stmt))
+
+
+class MatmulInt8WMMA(GPUScheduleRule):
+    """dlight's ``MatmulInt8Tensorization`` with K tiled [None, 4] x 16 (see the module docstring)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:  # noqa: C901
+        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        reduction_blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if reduction_blocks is None:
+            return None
+        micro = 16
+        warp_size, vector_size = 32, 4
+        i_factors, j_factors, k_factors = [None, 1, 4, 2], [1, None, 4, 2], [None, 4]
+        num_ty = i_factors[2] * j_factors[2]
+
+        main_block = reduction_blocks[0]
+        reindex_a = sch.reindex(main_block, ("read", 0))
+        reindex_b = sch.reindex(main_block, ("read", 1))
+        reindex_c = sch.reindex(main_block, ("write", 0))
+        index_maps = get_index_map(sch.get(main_block))
+        if index_maps is None:
+            return None
+        matmul_map, a_map, b_map, c_map = index_maps
+        sch.transform_layout(reindex_a, ("write", 0), a_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_map)
+        sch.transform_block_layout(main_block, matmul_map)
+        sch.pad_einsum(main_block, [1, micro * i_factors[2] * i_factors[3], micro * j_factors[2] * j_factors[3],
+                                    micro * k_factors[1]])
+
+        block = main_block
+        batch, i, j, k = sch.get_loops(block)
+        i, i_inner = sch.split(i, factors=[None, micro])
+        j, j_inner = sch.split(j, factors=[None, micro])
+        k, k_inner = sch.split(k, factors=[None, micro])
+        sch.reorder(i, j, k, i_inner, j_inner, k_inner)
+        block_inner = block
+        block_outer = sch.blockize(i_inner)
+
+        i0, i1, i2, i3 = sch.split(i, factors=i_factors)
+        j0, j1, j2, j3 = sch.split(j, factors=j_factors)
+        k0, k1 = sch.split(k, k_factors)
+        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+        sch.bind(sch.fuse(i1, j1), "blockIdx.y")
+        thread_idy = sch.fuse(j2, i2)
+        sch.bind(thread_idy, "threadIdx.y")
+
+        def fetch_to_shared(idx):
+            block_read = sch.cache_read(block_outer, idx, "shared.dyn")
+            sch.compute_at(block_read, k0)
+            fused = sch.fuse(*sch.get_loops(block_read)[-2:])
+            _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, vector_size])
+            sch.bind(f_2, "threadIdx.x")
+            sch.bind(f_1, "threadIdx.y")
+            sch.vectorize(f_3)
+            sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16)
+            sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(block_read, "double_buffer_scope", 0)
+            return block_read
+
+        auto_inline_producers(sch, fetch_to_shared(0))
+        auto_inline_producers(sch, fetch_to_shared(1))
+
+        a_mat = sch.cache_read(block_outer, 0, "wmma.matrix_a")
+        b_mat = sch.cache_read(block_outer, 1, "wmma.matrix_b")
+        sch.compute_at(a_mat, k1)
+        sch.compute_at(b_mat, k1)
+        to_global = sch.cache_write(block_outer, 0, "shared.dyn")
+        sch.storage_align(to_global, 0, -2, 16, 4)
+        store = sch.cache_write(block_outer, 0, "wmma.accumulator")
+        sch.reverse_compute_at(store, thread_idy)
+        sch.reverse_compute_at(to_global, thread_idy)
+
+        def tile16(blk):
+            a, b = sch.get_loops(blk)[-2:]
+            a0, a1 = sch.split(a, factors=[None, micro])
+            b0, b1 = sch.split(b, factors=[None, micro])
+            sch.reorder(a0, b0, a1, b1)
+            return a0, b0, a1
+        tile16(store)
+        init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
+        intrins = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="int8",
+                                        out_dtype="int32", trans_b=True)
+        try:
+            for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
+                a0, b0, a1 = tile16(mat)
+                sch.unroll(a0)
+                sch.unroll(b0)
+                sch.tensorize(a1, intrins[name])
+            sch.tensorize(sch.get_loops(init)[-2], intrins["init"])
+            sch.tensorize(sch.get_loops(store)[-2], intrins["store"])
+            sch.tensorize(sch.get_loops(block_inner)[-3], intrins["compute"])
+        except Exception:  # noqa: BLE001 - the block does not match the intrinsic: not for this rule (as dlight)
+            return None
+        auto_inline_consumer_chain(sch, to_global)
+        fused = sch.fuse(*sch.get_loops(to_global)[-2:])
+        _, f1, f2 = sch.split(fused, factors=[None, warp_size, vector_size])
+        sch.bind(f1, "threadIdx.x")
+        sch.vectorize(f2)
+        return sch
+
+
+def applicable(func: tirx.PrimFunc, target: Target) -> bool:
+    """dlight Matmul's conditions for its int8 tensorizer: CUDA sm_70+, an s8 -> s32 implicit
+    GEMM whose static I, J, K extents all exceed :data:`MIN_EXTENT`."""
+    if target.kind.name != "cuda" or check_sm_version(str(target.attrs.get("arch", ""))) < 70:
+        return False
+    info = gemm_extents(func)
+    if info is None:
+        return False
+    ext, din, dout = info
+    return din == "int8" and dout == "int32" and all(e > MIN_EXTENT for e in ext[1:])
+
+
+def schedule_int8(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
+    """``func`` scheduled on int8 WMMA tensor cores, or None (then dlight's rules take it)."""
+    try:
+        if not applicable(func, target):
+            return None
+        sch = MatmulInt8WMMA().apply(func, target, False)
+    except Exception:  # noqa: BLE001 - dlight's analysis raises on shapes it cannot read: not a GEMM
+        return None
+    return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
