@@ -42,6 +42,7 @@ from ..intrin_x86 import DotIsa, int8_isa
 from .tensor import Buf, cast, compute
 
 I32 = "int32"
+INDEXED_SDOT = True      # arm: indexed sdot over the input-channel block (scripts/arm_sdot_mca.py compares)
 
 
 def isa_of(ctx) -> DotIsa | None:
@@ -135,7 +136,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
         return te.sum(cast(P[i, base + icb, y * sh + rh * dh, xx * sw + rw * dw, ic * q + iq], I32)
                       * cast(wp[ko, icb, rh, rw, ic, ki, iq], I32), axis=[icb, rh, rw, ic, iq])
     acc = compute((n, g * kgp // bo, oh, ow, bo), body, name="conv")
-    if isa.kind == "sdot" and bi > q:    # indexed sdot over the block's bi/4 groups: one A load per column
+    if isa.kind == "sdot" and bi > q and INDEXED_SDOT:    # one A load per column and block
         ctx.schedule("conv2d_dot", reg_n=reg_n, pad=padded, block=bo, lanes=lanes,
                      intrin=register_lane(bi // q), span=True)
     else:
