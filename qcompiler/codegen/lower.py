@@ -22,8 +22,19 @@ qemu-aarch64 within 1e-4·max|ref| of ONNX Runtime (tests/codegen/test_arm_qemu.
 CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW) and no hand schedules: the
 PrimFuncs are left unmarked and ``tvm.compile``'s CUDA pipeline (LegalizeOps, FuseOps/FuseTIR,
 then dlight's Matmul/GEMV/Reduction/GeneralReduction/Fallback rules) binds them to GPU threads.
-Correct, not fast: convolutions get dlight's generic rules (one thread per output element, serial
-reduction). ``--dtype bf16`` (CUDA only) is the fp16 scheme below with bfloat16 storage (see Precision).
+Measured (scripts/resnet18_tensorcores.py): every non-depthwise conv gets dlight's ``gpu.Matmul``
+(an implicit GEMM, I = n·oh·ow, J = co, K = ci·kh·kw, 2-D block tiles through shared memory),
+depthwise convs ``GeneralReduction``, small-batch gemms GEMV/Reduction. Tensor cores (WMMA
+m16n16k16, sm_70+) where I, J, K > 64 (dlight's threshold): fp16 (``--dtype fp16``) by dlight's
+``MatmulTensorization`` -- the conv's padding stage keeps the float16 storage (kernels/conv.py
+``_StoredF16``) so the reduction reads ``f32(A_f16) * f32(B_f16)``; int8 by
+:mod:`.schedules.cuda_wmma` (dlight's int8 rule with K tiled 4x16: dlight's own does not build in
+TVM 0.27) over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
+``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128),
+applied here at lowering and marked scheduled. ResNet-18 (224x224) on tensor cores: int8 9 of 20
+convs at batch 1 (layers 2-3; layer 1's J = 64 and layer 4's I = 49 miss the threshold), 14 of 20
+at batch 8; fp16 7 / 11 of 15. Not run on a GPU here; the int8 computes are bit-exact on CPU
+(tests/codegen/test_cuda_build.py). ``--dtype bf16`` (CUDA only) is the fp16 scheme below with bfloat16 storage (see Precision).
 
 Quantized graphs (made by the quantize pass; any ``spec.dtype``, "int8" included): every integer op
 kind lowers through :mod:`.kernels.quant` (QuantizeLinear, DequantizeLinear, QLinearConv incl.
@@ -35,7 +46,7 @@ per-channel int32 bias, and the fixed-point requantization (int64, per-channel m
 Relu/Clip clamp) is the kernel's fused epilogue, as is a following QLinearAdd (residual) or
 DequantizeLinear. Bit-exact with qcompiler.quant.reference (tests/codegen/test_x86_int8.py).
 x86 is tested; arm builds the same computes (x86 schedules with 4-lane blocks) and runs bit-exact
-under qemu (tests/codegen/test_arm_int8.py); cuda (dlight) is not run yet. On x86, QLinearConv
+under qemu (tests/codegen/test_arm_int8.py); cuda: see CUDA above. On x86, QLinearConv
 (not depthwise) and QLinearGemm are tensorized on dot-product instructions picked from the target's
 LLVM features (kernels/qdot.py, intrin_x86.py): VNNI vpdpbusd where available, else exact int16
 vpmaddwd (AVX2). On arm, where the CPU/features have dotprod (``--cpu cortex-a76``, neoverse-n1,
