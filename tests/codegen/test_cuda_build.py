@@ -290,6 +290,38 @@ def test_int8_resnet_conv_runs_on_wmma_tensor_cores():
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
 
 
+def test_fp16_conv_pads_in_float16_for_tensor_cores():
+    """--dtype fp16 on cuda: a conv fed by a float16-stored activation pads it in float16, so the
+    reduction reads f32(A_f16) * f32(B_f16), the pattern of dlight's fp16 WMMA rule
+    (MatmulTensorization); x86 keeps padding the float32 it computes in."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from qcompiler.codegen.lower import lower
+    from qcompiler.frontend import import_onnx
+    w = (np.random.default_rng(0).standard_normal((128, 128, 3, 3)) * 0.03).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["y"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["z"], kernel_shape=[3, 3], pads=[1] * 4)]
+    graph = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 28, 28])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 128, 28, 28])],
+                              [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+
+    def pad_dtypes(spec):
+        mod = lower(import_onnx(onnx.ModelProto.FromString(m.SerializeToString())), spec)
+        convs = sorted((gv for gv in mod.functions if "conv" in gv.name_hint), key=lambda gv: gv.name_hint)
+        return [d for gv in convs for d in _alloc_dtypes(mod[gv], "pad")]
+    assert pad_dtypes(TargetSpec("cuda", arch=("sm_90",), dtype="fp16")) == ["float32", "float16"]  # input is fp32
+    assert pad_dtypes(TargetSpec("x86", dtype="fp16")) == ["float32", "float32"]
+
+
+def _alloc_dtypes(func, name):
+    """Dtypes of the intermediate buffers called ``name`` in ``func`` (TVMScript omits float32)."""
+    import re
+    return [d or "float32" for d in re.findall(rf'\b{name} = T\.sblock_alloc_buffer\(\([^)]*\)(?:, "(\w+)")?', func.script())]
+
+
 RUN_ON_GPU = """
     import sys, numpy as np
     from qcompiler.runtime import load
