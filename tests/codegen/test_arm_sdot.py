@@ -189,3 +189,45 @@ def test_sdot_in_disassembly_only_with_dotprod(tmp_path, path):
     out = _build(g, SPECS[path], tmp_path / "OUT")
     n_sdot = sum(1 for line in _disasm(out).splitlines() if "\tsdot\t" in line)
     assert (n_sdot > 0) == (path == "sdot"), n_sdot
+
+
+@pytest.mark.qemu
+@pytest.mark.skipif(bool(_missing), reason="cannot run aarch64 code here: " + "; ".join(_missing))
+def test_rapidocr_cls_int8_on_sdot_every_layer_bit_exact_under_qemu(tmp_path):
+    """A real model with every conv class (stem with 3 input channels, pointwise convs on 8- and
+    16-channel blocks, SE blocks, HardSwish epilogues, depthwise on the plain kernel): rapidocr-cls
+    quantized (calibrated on 2 synthetic inputs: the integers, not the accuracy, are checked),
+    built with +dotprod in strict mode and ``--debug-layers``, its ``debug`` function run under
+    qemu (qcompiler.verify's probe): every integer value it stores equal to the oracle's."""
+    import dataclasses
+
+    import qcompiler
+    from realmodels import rapidocr_models
+    from qcompiler.passes import PassContext, PassManager
+    from qcompiler.passes.quantize import QuantizeOptions
+    from qcompiler.verify import QemuRunner, read_quantized, unblock
+    m = {m.name: m for m in rapidocr_models()}.get("rapidocr-cls")
+    if m is None:
+        pytest.skip("rapidocr_onnxruntime is not installed")
+    g = qcompiler.import_onnx(m.load(), m.input_shapes)
+    qcompiler.run_passes(g, "default")
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(
+        calib=[m.feeds(1), m.feeds(2)])})).run(g)
+    out = _build(g, dataclasses.replace(SPECS["sdot"], debug_layers=True), tmp_path / "OUT")
+    manifest, qg = read_quantized(out)
+    feeds = m.feeds(3)
+    got = QemuRunner(out, manifest).call(["debug"], [[feeds[s.name] for s in manifest["inputs"]]])["debug"][0]
+    want = reference.run_values(qg, feeds)
+    checked, bad = 0, []
+    for d, a in zip(manifest["debug"]["outputs"], got):
+        if d["dtype"] not in ("uint8", "int8"):
+            continue                        # float values (the softmax tail): not integers
+        ours = unblock(a, tuple(d["shape"]))
+        checked += 1
+        if not np.array_equal(ours, want[d["name"]]):
+            bad.append(f"{d['name']}: {int((ours != want[d['name']]).sum())} of {ours.size} differ")
+    assert checked >= 40 and not bad, (checked, bad)
+    sdots = [line for line in _disasm(out).splitlines() if "\tsdot\t" in line]
+    print(f"\nrapidocr-cls int8 on aarch64 (qemu): {checked} integer values bit-exact; {len(sdots)} sdot "
+          f"instructions ({sum('.4b[' in s for s in sdots)} indexed)")
+    assert sdots
