@@ -7,9 +7,11 @@ packing, epilogue or memory system); the bound is 0.5 (two ASIMD pipes issue one
 
     .venv/bin/python scripts/arm_sdot_mca.py [llvm-mca binary, default llvm-mca]
 
-Variants: ``x86 rule, bo=4``: one register of 4 output channels, the x86 register budget;
+Convs, variants: ``x86 rule, bo=4``: one register of 4 output channels, the x86 register budget;
 ``x86 rule``: what the x86 rule picks (8 channels when ow >= 8, 6 columns); ``bo=8, 32 regs``: the
 tile sized for 32 NEON registers; ``final``: that tile with the indexed sdot (qdot's defaults).
+Gemms (QLinearGemm), variants: ``x86 rule``: rows blocked by up to 8, one register of 4 columns
+(each row's sdots one dependency chain); ``final``: up to 4 rows x 4 registers of columns.
 """
 from __future__ import annotations
 
@@ -93,6 +95,38 @@ def inner_loop(asm: str) -> list[str] | None:
     return best[1] if best else None
 
 
+GEMMS = [(1, 1024, 256), (4, 512, 128), (8, 256, 64), (50, 256, 10)]   # (m, k, n)
+_dense_orig = qdot._dense_blocking
+DENSE_VARIANTS = {"x86 rule": lambda isa, m, nvec: (max(d for d in range(1, min(m, 8) + 1) if m % d == 0), 1),
+                  "final": _dense_orig}
+
+
+def gemm_graph(m, k, n) -> Graph:
+    rng = np.random.default_rng(0)
+    g = Graph("q")
+    qa = QuantParams("int8", (0.03,), (-5,))
+    a = g.add_input("a", TensorType((m, k), "int8", qa))
+    ws = tuple(float(v) for v in rng.uniform(0.002, 0.01, n))
+    w = g.add_const(rng.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    ms, ss = conv_multipliers(0.03, ws, 0.04)
+    g.outputs = [g.create_op("QLinearGemm", [a, w], {"multiplier": ms, "shift": ss, "activation": ""},
+                             result_types=[TensorType((m, n), "int8", QuantParams("int8", (0.04,), (10,)))]).result]
+    return g
+
+
+def cycles_per_sdot(lib, mca: str) -> str:
+    asm = "".join(m.inspect_source("asm") for m in lib.imports if m.kind == "llvm") \
+        if lib.imports else lib.inspect_source("asm")
+    body = inner_loop(asm)
+    if body is None:
+        return f"{'(unrolled)':>16s}"
+    r = subprocess.run([mca, "-mtriple=aarch64", "-mcpu=cortex-a76", "-mattr=+dotprod", "-iterations=200"],
+                       input="\n".join(body) + "\n", capture_output=True, text=True, check=True)
+    cycles = int(re.search(r"Total Cycles:\s+(\d+)", r.stdout).group(1)) / 200
+    n = sum("sdot" in b for b in body)
+    return f"{cycles / n:9.3f} ({n:3d})"
+
+
 def main(mca: str = "llvm-mca") -> None:
     x86.STRICT = True
     print(f"{'conv':24s} " + " ".join(f"{v:>16s}" for v in VARIANTS) + "   (cycles per sdot, llvm-mca cortex-a76)")
@@ -104,18 +138,18 @@ def main(mca: str = "llvm-mca") -> None:
                 lib = build_module(conv_graph(c, o, hw, k, p), SPEC).mod
             finally:
                 qdot._blocking, qdot.INDEXED_SDOT = _orig, True
-            asm = "".join(m.inspect_source("asm") for m in lib.imports if m.kind == "llvm") \
-                if lib.imports else lib.inspect_source("asm")
-            body = inner_loop(asm)
-            if body is None:
-                row.append(f"{'(unrolled)':>16s}")
-                continue
-            r = subprocess.run([mca, "-mtriple=aarch64", "-mcpu=cortex-a76", "-mattr=+dotprod", "-iterations=200"],
-                               input="\n".join(body) + "\n", capture_output=True, text=True, check=True)
-            cycles = int(re.search(r"Total Cycles:\s+(\d+)", r.stdout).group(1)) / 200
-            n = sum("sdot" in b for b in body)
-            row.append(f"{cycles / n:9.3f} ({n:3d})")
+            row.append(cycles_per_sdot(lib, mca))
         print(f"{label:24s} " + " ".join(row))
+    print(f"\n{'gemm m x k x n':24s} " + " ".join(f"{v:>16s}" for v in DENSE_VARIANTS))
+    for m, k, n in GEMMS:
+        row = []
+        for blocking in DENSE_VARIANTS.values():
+            qdot._dense_blocking = blocking
+            try:
+                row.append(cycles_per_sdot(build_module(gemm_graph(m, k, n), SPEC).mod, mca))
+            finally:
+                qdot._dense_blocking = _dense_orig
+        print(f"{f'{m} x {k} x {n}':24s} " + " ".join(row))
 
 
 if __name__ == "__main__":

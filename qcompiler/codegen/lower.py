@@ -53,8 +53,9 @@ vpmaddwd (AVX2). On arm, where the CPU/features have dotprod (``--cpu cortex-a76
 or ``--features +dotprod``), they run on ``sdot`` (intrin_arm.py; s8 x s8, a uint8 activation
 stored as x ^ 0x80 with zero point z - 128): 8-channel output blocks, the indexed form
 ``sdot Vd.4s, Vn.16b, Vm.4b[lane]`` over the input-channel block, a register tile sized for 32
-NEON registers; llvm-mca (cortex-a76) puts the conv inner loop at 0.55-0.56 cycles per sdot
-against 1.1-1.5 for the x86 blocking (scripts/arm_sdot_mca.py; no ARM hardware timed). Without
+NEON registers (gemms: up to 4 rows x 4 registers of columns); llvm-mca (cortex-a76) puts the
+conv inner loop at 0.55-0.56 cycles per sdot against 1.1-1.5 for the x86 blocking, the gemm's
+at 0.8-1.4 against 1.8-3.0 (scripts/arm_sdot_mca.py; no ARM hardware timed). Without
 dotprod (cortex-a53, generic) arm keeps the plain int16-product loops, and its depthwise convs stay
 on them either way; both paths bit-exact under qemu (tests/codegen/test_arm_sdot.py). cuda keeps
 its own s8 x s8 GEMMs. On x86 and arm a quantized module built with

@@ -216,7 +216,24 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
     kb, kq = te.reduce_axis((0, kp // q), "kb"), te.reduce_axis((0, q), "kq")
     d = compute((m, npad // lanes, lanes), lambda i, no, ni: te.sum(
         cast(Ap[i, kb * q + kq], I32) * cast(wp[no, kb, ni, kq], I32), axis=[kb, kq]), name="dense")
-    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
-    ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes))
+    mb, nb = _dense_blocking(isa, m, npad // lanes)
+    if nb > 1:
+        ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes), nb=nb)
+    else:
+        ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes))
     return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
+
+
+def _dense_blocking(isa: DotIsa, m: int, nvec: int) -> tuple[int, int]:
+    """(mb, nb): rows and weight registers (of ``nvec``) per register tile of the gemm.
+
+    x86: rows only (mb <= 8), one register of columns. sdot (4 lanes): up to 4 registers of
+    columns too, so that a row's sdots feed nb independent accumulators instead of one chain
+    (sdot's latency is several cycles, its throughput two per cycle), with mb <= 4 rows:
+    mb·nb accumulators + nb weights + mb broadcast A words <= 24 of the 32 NEON registers."""
+    if isa.kind == "sdot":
+        mb = max(dv for dv in range(1, min(m, 4) + 1) if m % dv == 0)
+        nb = max(dv for dv in range(1, min(nvec, 4) + 1) if nvec % dv == 0)
+        return mb, nb
+    return max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0), 1
 

@@ -301,13 +301,19 @@ def _pack_nest(sch, vw):
         _spatial_nest(sch, p, vw)
 
 
-def dense_dot(sch, vw, mb, lanes, intrin):
+def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     """int8 gemm on a dot-product intrinsic: block "dense" has loops (i, no, ni, kb, kq); rows
-    blocked by ``mb``, the (ni x kq) tile tensorized; the packing stage "pad", if any, apart."""
+    blocked by ``mb``, the (ni x kq) tile tensorized; the packing stage "pad", if any, apart.
+    ``nb`` > 1 (arm sdot): ``nb`` registers of columns per tile as well, unrolled inside the rows."""
     blk = sch.get_sblock("dense")
     i, no, ni, kb, kq = sch.get_loops(blk)
     io, ii = sch.split(i, [None, mb])
-    sch.reorder(io, no, kb, ii, ni, kq)
+    if nb > 1:
+        no, noi = sch.split(no, [None, nb])
+        sch.reorder(io, no, kb, ii, noi, ni, kq)
+        sch.unroll(noi)
+    else:
+        sch.reorder(io, no, kb, ii, ni, kq)
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
         _parallel(sch, par)
