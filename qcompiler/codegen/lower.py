@@ -33,8 +33,9 @@ TVM 0.27) over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant
 ``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128),
 applied here at lowering and marked scheduled. ResNet-18 (224x224) on tensor cores: int8 9 of 20
 convs at batch 1 (layers 2-3; layer 1's J = 64 and layer 4's I = 49 miss the threshold), 14 of 20
-at batch 8; fp16 7 / 11 of 15. Not run on a GPU here; the int8 computes are bit-exact on CPU
-(tests/codegen/test_cuda_build.py). ``--dtype bf16`` (CUDA only) is the fp16 scheme below with bfloat16 storage (see Precision).
+at batch 8; fp16 7 / 11 of 15. On an H100 the sm_90 artifacts of a 1x128x28x28 -> 128 3x3
+int8 conv (WMMA) and of the int8 fashion_mobilenet are bit-exact with qcompiler.quant.reference;
+on CPU the CUDA int8 computes equal the x86 int8 build (tests/codegen/test_cuda_build.py). ``--dtype bf16`` (CUDA only) is the fp16 scheme below with bfloat16 storage (see Precision).
 
 Quantized graphs (made by the quantize pass; any ``spec.dtype``, "int8" included): every integer op
 kind lowers through :mod:`.kernels.quant` (QuantizeLinear, DequantizeLinear, QLinearConv incl.
