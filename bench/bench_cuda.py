@@ -30,7 +30,9 @@ import argparse
 import contextlib
 import io
 import os
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 import tempfile
 import time
 from pathlib import Path
@@ -75,16 +77,17 @@ def time_torch(fn, x, warmup: int, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None) -> float:
-    from qcompiler.cli import main
+def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: bool = False) -> float:
+    """``qcompile`` in a child process (so builds run side by side); returns its wall time."""
     argv = [str(onnx_path), "--target", "cuda", "--arch", "sm_90", "--dtype", dtype, "-o", str(out), "-q"]
     if calib is not None:
         argv += ["--calib", str(calib), "--calib-samples", "64", "--eval-samples", "0"]
+    env = {**os.environ, "QC_CUDA_GRAPH": "1" if graph else "0"}
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        rc = main(argv)
-    if rc != 0:
-        raise SystemExit(f"qcompile {' '.join(argv)} failed with exit code {rc}")
+    r = subprocess.run([sys.executable, "-m", "qcompiler.cli", *argv], capture_output=True, text=True, env=env,
+                       cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"qcompile {' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     return time.perf_counter() - t0
 
 
@@ -158,14 +161,13 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="fp16,int8", help="qcompiler builds to time (fp16, int8, fp32)")
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--jobs", type=int, default=8, help="qcompile builds run side by side (default 8)")
     p.add_argument("--no-conv", action="store_true", help="skip the single-conv peak-fraction measurement")
     p.add_argument("--keep", default=None, help="folder to keep the ONNX files and artifacts in")
     p.add_argument("--profile", action="store_true", help="print where each qcompiler build spends its time")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="build with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
+                   help="also time each build made with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
     args = p.parse_args(argv)
-    if args.cuda_graph:
-        os.environ["QC_CUDA_GRAPH"] = "1"
     import torch
     if not torch.cuda.is_available():
         print("bench_cuda: no CUDA device (this benchmark runs on a GPU host)", file=sys.stderr)
@@ -174,66 +176,89 @@ def main(argv=None) -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
     work.mkdir(parents=True, exist_ok=True)
     dtypes = [d for d in args.dtypes.split(",") if d]
-    rows = []
+    variants = [(d, False) for d in dtypes] + ([(d, True) for d in dtypes] if args.cuda_graph else [])
+
+    def label(dt, graph):
+        return dt + ("+graph" if graph else "")
+
+    # 1. models, inputs and every build (side by side)
+    cases, jobs = [], {}
     for name in args.models.split(","):
         tm = torch_model(name)
         for batch in map(int, args.batches.split(",")):
             onnx_path = work / f"{name}_b{batch}.onnx"
             export_onnx(tm, batch, onnx_path)
-            x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
             calib = work / f"calib_b{batch}.npz"
-            np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
-            with torch.inference_mode():
-                ref = tm.cuda()(torch.from_numpy(x).cuda()).float().cpu().numpy()
-            m16 = tm.cuda().half()
-            xt = torch.from_numpy(x).cuda().half()
-            eager = time_torch(m16, xt, args.warmup, args.iters)
-            compiled = torch.compile(m16)
-            tcomp = time_torch(compiled, xt, args.warmup, args.iters)
-            tm = tm.float().cpu()
-            torch._dynamo.reset()
-            row = {"model": name, "batch": batch, "torch eager fp16": eager, "torch.compile fp16": tcomp}
-            for dt in dtypes:
-                out = work / f"{name}_b{batch}_{dt}"
-                ct = qcompile(onnx_path, out, dt, calib if dt == "int8" else None)
-                ms, y = time_artifact(out, x, args.warmup, args.iters)
-                row[f"qcompiler {dt}"] = ms
-                row[f"compile {dt} s"] = ct
-                if args.profile:
-                    print(f"  profile {name} b{batch} {dt}: {profile_artifact(out, x)}", flush=True)
-                if dt == "int8":
-                    row["int8 top-1 agree"] = float(np.mean(y.argmax(1) == ref.argmax(1)))
-                else:
-                    row[f"{dt} err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
-            rows.append(row)
-            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                  flush=True)
-    print("\n| model | batch | torch eager fp16 ms | torch.compile fp16 ms | "
-          + " | ".join(f"qcompiler {d} ms | {d}/compile" for d in dtypes) + " |")
-    print("|---|---|---|---|" + "---|---|" * len(dtypes))
-    for r in rows:
-        cells = [r["model"], str(r["batch"]), f"{r['torch eager fp16']:.3f}", f"{r['torch.compile fp16']:.3f}"]
-        for d in dtypes:
-            cells += [f"{r[f'qcompiler {d}']:.3f}", f"{r[f'qcompiler {d}'] / r['torch.compile fp16']:.2f}"]
-        print("| " + " | ".join(cells) + " |")
+            if not calib.exists():
+                np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
+            cases.append((name, batch, tm))
+            for dt, graph in variants:
+                jobs[(name, batch, label(dt, graph))] = (onnx_path, work / f"{name}_b{batch}_{label(dt, graph)}", dt,
+                                                         calib if dt == "int8" else None, graph)
+    convs = {}
     if not args.no_conv:
-        print("\n| conv (batch 64) | dtype | ms | TOPS | fraction of dense peak |")
-        print("|---|---|---|---|---|")
         # ResNet-18's conv1 (7x7/2, 3->64 at 224: the most MACs, 118 M per image; GEMM J = 64) and its
         # layer4 3x3 512->512 at 7x7 (116 M per image; I, J, K all > 64: tensor-core sized)
-        for label, (c, k, hw, r, s) in {"conv1 7x7/2 3->64 @224": (3, 64, 224, 7, 2),
-                                        "layer4 3x3 512->512 @7": (512, 512, 7, 3, 1)}.items():
+        for lab, (c, k, hw, r, st) in {"conv1 7x7/2 3->64 @224": (3, 64, 224, 7, 2),
+                                       "layer4 3x3 512->512 @7": (512, 512, 7, 3, 1)}.items():
             path = work / f"conv_{c}_{k}_{hw}.onnx"
-            macs = conv_onnx(path, 64, c, k, hw, r, s)
+            macs = conv_onnx(path, 64, c, k, hw, r, st)
             calib = work / f"calib_conv_{c}_{hw}.npz"
             np.savez(calib, x=np.random.default_rng(3).standard_normal((64, c, hw, hw)).astype(np.float32))
-            xin = np.random.default_rng(4).standard_normal((64, c, hw, hw)).astype(np.float32)
+            convs[lab] = (macs, (64, c, hw, hw))
             for dt in ("int8", "fp16"):
-                out = work / f"conv_{c}_{k}_{hw}_{dt}"
-                qcompile(path, out, dt, calib if dt == "int8" else None)
-                ms, _ = time_artifact(out, xin, args.warmup, args.iters)
+                jobs[("conv", lab, dt)] = (path, work / f"conv_{c}_{k}_{hw}_{dt}", dt,
+                                           calib if dt == "int8" else None, False)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {key: pool.submit(qcompile, *job) for key, job in jobs.items()}
+        build_s = {key: f.result() for key, f in futures.items()}
+    print(f"# {len(jobs)} builds, {args.jobs} side by side: {sum(build_s.values()):.0f} s of compile in all", flush=True)
+
+    # 2. timings, one engine at a time
+    rows = []
+    for name, batch, tm in cases:
+        x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+        with torch.inference_mode():
+            ref = tm.cuda()(torch.from_numpy(x).cuda()).float().cpu().numpy()
+        m16 = tm.cuda().half()
+        xt = torch.from_numpy(x).cuda().half()
+        eager = time_torch(m16, xt, args.warmup, args.iters)
+        tcomp = time_torch(torch.compile(m16), xt, args.warmup, args.iters)
+        tm.float().cpu()
+        torch._dynamo.reset()
+        row = {"model": name, "batch": batch, "torch eager fp16": eager, "torch.compile fp16": tcomp}
+        for dt, graph in variants:
+            lab = label(dt, graph)
+            out = jobs[(name, batch, lab)][1]
+            ms, y = time_artifact(out, x, args.warmup, args.iters)
+            row[f"qcompiler {lab}"] = ms
+            row[f"compile {lab} s"] = build_s[(name, batch, lab)]
+            if args.profile and not graph:
+                print(f"  profile {name} b{batch} {lab}: {profile_artifact(out, x)}", flush=True)
+            if dt == "int8":
+                row[f"{lab} top-1 agree"] = float(np.mean(y.argmax(1) == ref.argmax(1)))
+            else:
+                row[f"{lab} err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
+        rows.append(row)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    labels = [label(d, g) for d, g in variants]
+    print("\n| model | batch | torch eager fp16 ms | torch.compile fp16 ms | "
+          + " | ".join(f"qcompiler {v} ms | {v}/compile" for v in labels) + " |")
+    print("|---|---|---|---|" + "---|---|" * len(labels))
+    for r in rows:
+        cells = [r["model"], str(r["batch"]), f"{r['torch eager fp16']:.3f}", f"{r['torch.compile fp16']:.3f}"]
+        for v in labels:
+            cells += [f"{r[f'qcompiler {v}']:.3f}", f"{r[f'qcompiler {v}'] / r['torch.compile fp16']:.2f}"]
+        print("| " + " | ".join(cells) + " |")
+    if convs:
+        print("\n| conv (batch 64) | dtype | ms | TOPS | fraction of dense peak |")
+        print("|---|---|---|---|---|")
+        for lab, (macs, shape) in convs.items():
+            xin = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+            for dt in ("int8", "fp16"):
+                ms, _ = time_artifact(jobs[("conv", lab, dt)][1], xin, args.warmup, args.iters)
                 ops = 2 * macs / (ms * 1e-3)
-                print(f"| {label} | {dt} | {ms:.3f} | {ops / 1e12:.1f} | {ops / PEAK[dt]:.3f} |")
+                print(f"| {lab} | {dt} | {ms:.3f} | {ops / 1e12:.1f} | {ops / PEAK[dt]:.3f} |")
     return 0
 
 
