@@ -181,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     _rpc_args(c, "with a budget and --layer-costs measure: time the per-layer int8/float kernels")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
+    c.add_argument("--tune", type=int, default=None, metavar="TRIALS",
+                   help="x86: tune the float kernels (fp32/fp16 conv, pool, gemm, elementwise; not the int8 "
+                        "dot-product or sparse ones) with MetaSchedule on this host: TRIALS measured schedules "
+                        "in all, shared among the kernels in proportion to their estimated work (a kernel "
+                        "whose share rounds to 0 is not tuned); each kernel keeps the faster of its best "
+                        "tuned and its hand schedule, timed alone here. Records are kept in --tune-db and "
+                        "reused: a kernel already tuned with its share runs no new trials")
+    c.add_argument("--tune-db", default=None, metavar="DIR",
+                   help="MetaSchedule database folder of --tune (default: a per-target folder under the "
+                        "qcompiler cache, $QCOMPILER_CACHE_DIR or ~/.cache/qcompiler/tune/TARGET)")
 
     i = sub.add_parser("inspect", help="print the IR, op histogram and parameter count of a model",
                        description="Import a model (optionally run passes) and print its IR, an op "
@@ -487,6 +497,12 @@ def _cmd_compile(args, log) -> int:
         raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
                         f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
                         "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")
+    tune_opts = None
+    if args.tune is not None:
+        from .codegen.tune import check_options
+        tune_opts = check_options(args.tune, args.tune_db, spec)
+    elif args.tune_db is not None:
+        raise UserError("--tune-db needs --tune", "--tune-db", "add --tune TRIALS (e.g. --tune 64)")
     if args.rpc_tracker is not None or args.rpc_key is not None:
         if args.min_sqnr is None and args.max_accuracy_drop is None or args.layer_costs != "measure":
             raise UserError("--rpc-tracker times the layer costs of a budgeted build (--min-sqnr or "
@@ -565,7 +581,9 @@ def _cmd_compile(args, log) -> int:
     extra[report_html.HTML_NAME] = lambda m: report_html.render(
         full_report(m), equalization=dfq_report(eq) if eq and eq.get("layers") else None).encode()
     extra.update(artifact_files(eq))                           # equalization.svg/.json when equalize ran
-    out = write_artifact(g, spec, args.output, extra_files=extra)
+    from .codegen.tune import build_fn as tuned_build
+    out = write_artifact(g, spec, args.output, extra_files=extra,
+                         build=tuned_build(tune_opts, log) if tune_opts else None)
     if args.json:
         print(json.dumps({"artifact": str(out), "files": sorted(os.listdir(out)), "report": done["report"]},
                          indent=2, sort_keys=True))
