@@ -15,8 +15,10 @@ Trials. ``TRIALS`` measured schedules in all are shared among the candidates in 
 their estimated single-thread time ``w_i`` (:func:`.schedules.x86._serial_ns`: MACs and element
 counts) by largest remainder: ``s_i = floor(T w_i / W)`` plus one for the ``T - sum s_i`` largest
 remainders ``T w_i / W - s_i``; so ``sum s_i = T`` exactly and a kernel whose share is 0 is not
-tuned. Search: MetaSchedule's evolutionary strategy with a random cost model (xgboost is not a
-dependency) through its LocalBuilder / LocalRunner, one task per kernel with ``s_i`` trials.
+tuned. Search: one MetaSchedule task per kernel with ``s_i`` trials over the post-order-apply
+space of the LLVM target, sampled by ``replay-trace`` (``QC_TUNE_STRATEGY=evolutionary`` for the
+evolutionary search; either with a random cost model, as xgboost is not a dependency), each
+candidate compiled and timed in this process (:func:`_in_process`).
 
 Keep-faster rule. For every kernel with records, the best traced schedule (database
 ``query_schedule``) and the hand schedule are compiled together and timed alone on random
