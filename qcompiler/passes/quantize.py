@@ -326,8 +326,10 @@ def _ranges(graph: Graph, names: list[str], opts: QuantizeOptions, info: dict) -
             from ..quant.data import random_dataset
             warnings.warn("quantize: no calibration data: calibrating on random normal inputs; "
                           "accuracy will suffer (give calibration data)", stacklevel=2)
-            data = random_dataset(graph.inputs, opts.random_samples)
-            info["calibration"] = f"random ({opts.random_samples} samples)"
+            batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1
+            n = -(-max(opts.random_samples, batch) // batch) * batch      # whole batches of the model's batch
+            data = random_dataset(graph.inputs, n, batch=batch)
+            info["calibration"] = f"random ({n} samples)"
         else:
             info["calibration"] = f"{len(data)} feeds" if hasattr(data, "__len__") else "data"
         kw = {"p": opts.percentile} if opts.method == "percentile" else \
