@@ -42,8 +42,8 @@ timed; the constants and random activations are copied to the board once per ker
 Without a measurement (``--target arm`` or ``cuda`` from this x86 machine, and no board) an analytic model
 gives t = MACs / R[precision] + bytes / BW with the per-family constants in :data:`ANALYTIC`
 (MAC rates: x86 from the 3x3 conv of /work/shared/tvm-notes (115.6 MMAC: TVM fp32 1.57 ms, int8
-0.73 ms on 2 cores); arm and cuda are stated assumptions, not measurements, and only their ratios
-matter to the choice).
+0.73 ms on 2 cores); cuda from ResNet-18 on an H100; arm a stated assumption, not a measurement; only
+their ratios matter to the choice).
 """
 from __future__ import annotations
 
@@ -76,10 +76,12 @@ class Analytic:
 ANALYTIC = {
     # x86: tvm-notes, 1x64x56x56 3x3 conv, 115.6 MMAC: fp32 1.57 ms, int8 (AVX2 u8 x s8) 0.73 ms
     "x86": Analytic({"int8": 158e6, "fp32": 74e6, "fp16": 74e6}, 10e6, 0.002),
-    # arm (assumed, cortex-a76 class, 128-bit NEON, our int8 kernels are plain loops: ~1.5x fp32)
+    # arm (assumed, cortex-a76 class, 128-bit NEON; the plain int8 loops ~1.5x fp32; the sdot kernels of a
+    # +dotprod build are faster still -- llvm-mca 0.55 cycles per sdot in the conv loop -- not timed on a board)
     "arm": Analytic({"int8": 30e6, "fp32": 20e6, "fp16": 20e6}, 5e6, 0.004),
-    # cuda (assumed; dlight's generic rules, one thread per output element)
-    "cuda": Analytic({"int8": 2e9, "fp32": 1e9, "fp16": 1e9}, 500e6, 0.005),
+    # cuda: H100, ResNet-18 at batch 64 (README "CUDA on an H100"): int8 on WMMA 116.5 GMAC in 4.97 ms,
+    # fp16 17.7 ms; fp32 (not timed) taken as fp16's SIMT figure, 25.8 ms
+    "cuda": Analytic({"int8": 23e9, "fp32": 4.5e9, "fp16": 6.6e9}, 2e9, 0.005),
 }
 BYTES = {"int8": 1, "fp32": 4, "fp16": 2}
 
