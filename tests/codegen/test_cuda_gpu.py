@@ -167,3 +167,22 @@ def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
     acc_int8, acc_fp32 = float(np.mean(logits.argmax(1) == y)), float(np.mean(fp32.argmax(1) == y))
     print(f"mnistnet top-1 on {len(y)} MNIST digits: fp32 {100 * acc_fp32:.2f} %, int8 (CUDA) {100 * acc_int8:.2f} %")
     assert acc_int8 >= acc_fp32 - 0.005
+
+
+def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
+    """The 128-channel int8 conv of test_cuda_build.py: its CUDA source calls wmma::mma_sync on
+    signed-char fragments with an int accumulator, and on the GPU its result equals the oracle."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_cuda_build import _one_conv_int8, wmma_cuda_source
+    from qcompiler.quant import reference
+    spec = TargetSpec("cuda", arch=("sm_90",), dtype="int8")
+    src = wmma_cuda_source(spec)
+    assert src.count("wmma::mma_sync") >= 1, src[:2000]
+    assert "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, signed char" in src
+    assert "wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, int>" in src
+    g = _one_conv_int8()
+    model = qcompiler.load(write_artifact(g, spec, tmp_path / "OUT"))
+    x = np.random.default_rng(5).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
+    got = model(x)[0]
+    want = reference.run(g, {g.inputs[0].name: x})[0]
+    assert np.array_equal(got, want), f"max diff {np.abs(got - want).max()}"
