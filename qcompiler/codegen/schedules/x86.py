@@ -382,6 +382,27 @@ def rowwise(sch, vw, rows):
         _parallel(sch, r)
 
 
+def se_mul(sch, vw, r):
+    """The squeeze-excite multiply of :func:`..kernels.quant._se_mul_x86`: output (n, co, h, w, ci)
+    with its per-channel operands stored [n, co, r, ci]; the vector loop runs over ``r`` output
+    columns × the channel block (one contiguous run of the output, of x and of the operands), the
+    rest fused and parallel when large enough. The small per-channel stages keep the generic rule."""
+    _inline_spatial(sch, keep=("out",))
+    out = sch.get_sblock("out")
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(blk).name_hint != "out":
+            _spatial_nest(sch, blk, vw)
+    n, co, h, w, ci = sch.get_loops(out)
+    total = 1
+    for lp in (n, co, h, w, ci):
+        total *= _extent(sch, lp)
+    wo, wi = sch.split(w, [None, r])
+    sch.vectorize(sch.fuse(wi, ci))
+    f = sch.fuse(n, co, h, wo)
+    if total >= MIN_PARALLEL:
+        _parallel(sch, f)
+
+
 def generic(sch, vw, **_):
     _inline_spatial(sch, keep=("out",))
     root = sch.get_sblock("root")
@@ -404,4 +425,4 @@ def generic(sch, vw, **_):
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
          "dense": dense, "conv2d_dot": conv2d_dot, "dense_dot": dense_dot, "matmul": matmul,
-         "rowwise": rowwise, "generic": generic}
+         "rowwise": rowwise, "se_mul": se_mul, "generic": generic}
