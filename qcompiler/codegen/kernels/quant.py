@@ -597,8 +597,8 @@ def _se_mul_x86(ctx, a, ins, out_type):
     per channel. Every term is an exact int32 when ``P·2^15 < 2^31`` and
     ``P·|Mh| + 2^(S-17) + 2^15 < 2^31`` for ``P = max|x - z_x|·max|g - z_g|`` (checked here at
     compile time from the zero points and storage ranges; 255·255·2^15 < 2^31 always holds). The
-    per-channel ``Gh``/``Gl`` are stored replicated as [N, C/b, 2, R, b] (one stage) (R = SE_LANES/b columns), so that
-    one vector iteration over R output columns of a channel block (the ``se_mul`` schedule) reads
+    per-channel ``Gh``/``Gl`` are one stage [N, C/b, 2, R, b], replicated over R = SE_LANES/b
+    columns, so that one vector iteration over R output columns of a channel block (the ``se_mul`` schedule) reads
     them with plain vector loads instead of a byte gather."""
     if (a.get("activation") or "") == "HardSwish" or ctx.sched[0] != "generic":
         return None

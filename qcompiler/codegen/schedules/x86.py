@@ -384,7 +384,7 @@ def rowwise(sch, vw, rows):
 
 def se_mul(sch, vw, r):
     """The squeeze-excite multiply of :func:`..kernels.quant._se_mul_x86`: output (n, co, h, w, ci)
-    with its per-channel operands stored [n, co, r, ci]; the vector loop runs over ``r`` output
+    with its per-channel operands stored [n, co, 2, r, ci]; the vector loop runs over ``r`` output
     columns × the channel block (one contiguous run of the output, of x and of the operands), the
     rest fused and parallel when large enough. The small per-channel stages keep the generic rule."""
     _inline_spatial(sch, keep=("out",))
