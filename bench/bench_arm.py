@@ -6,8 +6,8 @@
 Timings under qemu-aarch64 are meaningless (it translates every instruction), so for ARM this
 script reports what the compiler emitted and what the hardware would need for it:
 
-* for each model, four builds through the CLI (``qcompile --target arm --cpu CPU``): fp32; int8 with
-  ``--features +dotprod`` (the ``sdot`` kernels) and int8 without it (the plain NEON loops);
+* for each model, three builds through the CLI (``qcompile --target arm --cpu CPU``): fp32; int8 with
+  ``--features=+dotprod`` (the ``sdot`` kernels) and int8 with ``--features=-dotprod`` (the plain NEON loops);
   int8 is calibrated on real data where the model has some (Fashion-MNIST test images, MNIST
   digits), else on the model's own text-image inputs;
 * the libraries are linked with their symbols (``QCOMPILER_KEEP_SYMBOLS=1``; release builds strip
@@ -74,8 +74,7 @@ def build(onnx_path, shapes, calib, out: Path, cpu: str, dtype: str, dotprod: bo
     if shapes:
         for k, v in shapes.items():
             argv += ["--input-shape", f"{k}=" + "x".join(map(str, v))]
-    if dotprod:
-        argv += ["--features", "+dotprod"]
+    argv.append("--features=+dotprod" if dotprod else "--features=-dotprod")     # cortex-a76 has dotprod itself
     if dtype == "int8":
         np.save(out.parent / "calib.npy", calib)
         argv += ["--calib", str(out.parent / "calib.npy"), "--calib-samples", str(len(calib)), "--debug-layers"]
