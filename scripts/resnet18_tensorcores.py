@@ -157,18 +157,9 @@ def classify(mod, target):
 def cuda_source_wmma(g, spec, out: Path) -> int:
     """Builds the artifact for sm_90 and counts ``wmma::mma_sync`` calls in the CUDA source TVM
     generated for it (before nvcc turned it into the embedded fatbin)."""
-    import tvm
+    from qcompiler.codegen.cuda_aot import cuda_sources
     from qcompiler.codegen.lower import build_module
-    ex = build_module(g, spec)
-    srcs = []
-
-    def walk(m):
-        if m.kind == "cuda":
-            srcs.append(m.inspect_source())
-        for i in m.imports:
-            walk(i)
-    walk(ex.mod)
-    return sum(s.count("wmma::mma_sync") for s in srcs)
+    return cuda_sources(build_module(g, spec).mod).count("wmma::mma_sync")
 
 
 def main(argv=None) -> int:

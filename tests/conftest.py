@@ -92,3 +92,17 @@ def timing_keys(obj, path="") -> list[str]:
         for i, v in enumerate(obj):
             out += timing_keys(v, f"{path}{i}.")
     return out
+
+
+def build_arm_deploy(tmp_path_factory):
+    """examples/deploy_cpp cross-built for aarch64 (binary + the two runtime libraries); returns
+    the program's path (the qemu tests run artifacts through it)."""
+    import subprocess
+    from pathlib import Path
+    from qcompiler.codegen import arm
+    build = tmp_path_factory.mktemp("deploy_aarch64")
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["make", "-s", "-C", str(repo / "examples" / "deploy_cpp"), "ARCH=aarch64",
+                        f"BUILD={build}", f"TVM_RT={arm.runtime_dir()}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return build / "run_model"

@@ -57,6 +57,18 @@ def ort_session(model_or_path, threads: int = 0):
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
+def assert_close_to_ort(label: str, got, refs, tol: float, top1: bool) -> None:
+    """Each output within ``tol`` * max|ref| of ONNX Runtime's (printed), and, for a classifier on
+    labelled data, the same top-1 class."""
+    for y, r in zip(got, refs):
+        assert y.shape == r.shape
+        err, scale = float(np.abs(y.astype(np.float64) - r).max()), max(float(np.abs(r).max()), 1e-6)
+        print(f"{label}: max error {err / scale:.2e} * max|ref|")
+        assert err <= tol * scale, f"{label}: max error {err:.3g} vs max|ref| {scale:.3g} ({err / scale:.2e})"
+        if top1:
+            assert (y.argmax(1) == r.argmax(1)).all(), f"{label}: top-1 differs from ONNX Runtime"
+
+
 def ort_run(model_or_path, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
     """Run a model (ModelProto, serialized bytes or path) in onnxruntime on CPU; returns the outputs in order."""
     return ort_session(model_or_path).run(outputs, feeds)

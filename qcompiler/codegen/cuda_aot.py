@@ -138,6 +138,20 @@ def nvcc_fatbin(code: str, archs: Sequence[str], nvcc: str | None = None) -> byt
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 
 
+def cuda_sources(module) -> str:
+    """The CUDA source of every device module imported by ``module`` (a built executable's
+    ``.mod``), concatenated: what tvm.compile generated before nvcc (tests and scripts read it)."""
+    srcs = []
+
+    def walk(m):
+        if m.kind == "cuda":
+            srcs.append(m.inspect_source())
+        for i in m.imports:
+            walk(i)
+    walk(module)
+    return "".join(srcs)
+
+
 def fatbin_contents(data: bytes) -> list[tuple[str, str]]:
     """What the fatbins embedded in a library hold: [("sass", "sm_90"), ("ptx", "compute_90"), ...].
 

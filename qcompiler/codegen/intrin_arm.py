@@ -64,19 +64,8 @@ def _make(lanes: int, scope: str):
     if lanes != 4:
         raise ValueError(f"sdot has 4 int32 lanes, not {lanes}")
     k, word = 4, 16
-
-    @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((k,), "int8", offset_factor=1),
-             B: T.Buffer((lanes, k), "int8", offset_factor=1),
-             C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for j in T.serial(0, k):
-                    with T.sblock("update"):
-                        vi, vj = T.axis.remap("SR", [i, j])
-                        C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+    from .intrin_x86 import dot_desc
+    desc = dot_desc(k, lanes, "int8", "int8", scope)
 
     @T.prim_func(s_tir=True)
     def impl(A: T.Buffer((k,), "int8", offset_factor=1),

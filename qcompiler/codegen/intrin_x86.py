@@ -120,12 +120,9 @@ _VNNI_LLVM = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.2
 _PMADDWD_LLVM = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
 
 
-def _make(kind: str, lanes: int, scope: str):
-    k = 4 if kind == "vnni" else 2
-    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int16")
-    word = lanes * k                       # elements in one B register
-    a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
-
+def dot_desc(k: int, lanes: int, adt: str, bdt: str, scope: str):
+    """The pattern every dot-product intrinsic here and in :mod:`.intrin_arm` replaces:
+    ``C[i] += Σ_{j<k} A[j] · B[i, j]`` over ``lanes`` int32 accumulators in ``scope``."""
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((k,), adt, offset_factor=1),
              B: T.Buffer((lanes, k), bdt, offset_factor=1),
@@ -138,6 +135,15 @@ def _make(kind: str, lanes: int, scope: str):
                     with T.sblock("update"):
                         vi, vj = T.axis.remap("SR", [i, j])
                         C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+    return desc
+
+
+def _make(kind: str, lanes: int, scope: str):
+    k = 4 if kind == "vnni" else 2
+    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int16")
+    word = lanes * k                       # elements in one B register
+    a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
+    desc = dot_desc(k, lanes, adt, bdt, scope)
 
     if kind == "vnni":
         @T.prim_func(s_tir=True)

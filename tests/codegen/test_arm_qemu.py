@@ -19,7 +19,6 @@ from qcompiler.codegen import arm
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 
-REPO = Path(__file__).resolve().parents[2]
 SPEC = TargetSpec("arm", cpu="cortex-a76", features=("+dotprod", "+fullfp16"))
 _missing = arm.emulation_problems()
 pytestmark = [pytest.mark.qemu,
@@ -35,11 +34,8 @@ def _model(name: str):
 @pytest.fixture(scope="module")
 def run_model(tmp_path_factory) -> Path:
     """examples/deploy_cpp cross-built for aarch64 (binary + the two runtime libraries)."""
-    build = tmp_path_factory.mktemp("deploy_aarch64")
-    r = subprocess.run(["make", "-s", "-C", str(REPO / "examples" / "deploy_cpp"), "ARCH=aarch64",
-                        f"BUILD={build}", f"TVM_RT={arm.runtime_dir()}"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return build / "run_model"
+    from conftest import build_arm_deploy
+    return build_arm_deploy(tmp_path_factory)
 
 
 def _run_on_arm(run_model: Path, out: Path, x: np.ndarray, tmp: Path) -> np.ndarray:

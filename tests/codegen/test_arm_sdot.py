@@ -38,7 +38,6 @@ from qcompiler.quant.requant import conv_multipliers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_x86_int8 import ACT, DOT_CONVS, HSWISH_CONVS, RNG, _gate_params, add_qconv, qin  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 SPECS = {
     "sdot": TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod",)),
     "plain": TargetSpec("arm", dtype="int8", cpu="cortex-a53"),          # Armv8.0: no dot product
@@ -115,11 +114,8 @@ def shape_classes() -> tuple[Graph, dict[str, np.ndarray], list[str]]:
 @pytest.fixture(scope="module")
 def run_model(tmp_path_factory) -> Path:
     """examples/deploy_cpp cross-built for aarch64 (binary + the two runtime libraries)."""
-    build = tmp_path_factory.mktemp("deploy_aarch64")
-    r = subprocess.run(["make", "-s", "-C", str(REPO / "examples" / "deploy_cpp"), "ARCH=aarch64",
-                        f"BUILD={build}", f"TVM_RT={arm.runtime_dir()}"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return build / "run_model"
+    from conftest import build_arm_deploy
+    return build_arm_deploy(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

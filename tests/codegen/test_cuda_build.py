@@ -285,15 +285,7 @@ def wmma_conv_kernel(spec):
 def wmma_cuda_source(spec) -> str:
     """The CUDA source tvm.compile makes for the 128-channel int8 conv."""
     from qcompiler.codegen.lower import build_module
-    srcs = []
-
-    def walk(m):
-        if m.kind == "cuda":
-            srcs.append(m.inspect_source())
-        for i in m.imports:
-            walk(i)
-    walk(build_module(_one_conv_int8(), spec).mod)
-    return "".join(srcs)
+    return cuda_aot.cuda_sources(build_module(_one_conv_int8(), spec).mod)
 
 
 def test_fp16_conv_pads_in_float16_for_tensor_cores():

@@ -24,7 +24,7 @@ import pytest
 import qcompiler
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
-from realmodels import ort_run, project_models, rapidocr_models
+from realmodels import assert_close_to_ort, ort_run, project_models, rapidocr_models
 
 NVCC = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
 MODELS = {m.name: m for m in rapidocr_models() + project_models()}
@@ -67,14 +67,7 @@ def _check_against_ort(name, dtype, tol, tmp_path, samples=None):
     for seed in range(samples or (4 if name in LABELLED else 2)):
         feeds = m.feeds(seed)
         got = model(**feeds)
-        refs = ort_run(m.load(), feeds)
-        for y, r in zip(got, refs):
-            assert y.shape == r.shape
-            err, scale = float(np.abs(y.astype(np.float64) - r).max()), max(float(np.abs(r).max()), 1e-6)
-            print(f"{name} {dtype} sample {seed}: max error {err / scale:.2e} * max|ref|")
-            assert err <= tol * scale, f"{name} {dtype}: max error {err / scale:.2e} * max|ref| > {tol}"
-            if name in LABELLED:
-                assert (y.argmax(1) == r.argmax(1)).all(), f"{name} {dtype}: top-1 differs from ONNX Runtime"
+        assert_close_to_ort(f"{name} {dtype} sample {seed}", got, ort_run(m.load(), feeds), tol, name in LABELLED)
 
 
 @pytest.mark.parametrize("name", _params())

@@ -18,7 +18,7 @@ from tvm import relax
 import qcompiler
 from qcompiler.codegen.lower import build_module
 from qcompiler.codegen.target import TargetSpec
-from realmodels import ort_run, project_models, rapidocr_models
+from realmodels import assert_close_to_ort, ort_run, project_models, rapidocr_models
 
 MODELS = {m.name: m for m in rapidocr_models() + project_models()}
 LABELLED = {"fashion_mobilenet", "mnistnet", "uspsnet", "svhnnet"}
@@ -45,11 +45,4 @@ def test_fp16_matches_onnxruntime_fp32(name):
         feeds = m.feeds(seed)
         out = vm["main"](*[tvm.runtime.tensor(feeds[v.name]) for v in g.inputs])
         got = [o.numpy() for o in (list(out) if not isinstance(out, tvm.runtime.Tensor) else [out])]
-        refs = ort_run(m.load(), feeds)
-        for y, r in zip(got, refs):
-            assert y.shape == r.shape
-            err, scale = float(np.abs(y.astype(np.float64) - r).max()), max(float(np.abs(r).max()), 1e-6)
-            print(f"{name} sample {seed}: max error {err / scale:.2e} * max|ref|")
-            assert err <= TOL * scale, f"{name}: max error {err:.3g} vs max|ref| {scale:.3g} ({err / scale:.2e})"
-            if name in LABELLED:
-                assert (y.argmax(1) == r.argmax(1)).all(), f"{name}: top-1 differs from ONNX Runtime"
+        assert_close_to_ort(f"{name} sample {seed}", got, ort_run(m.load(), feeds), TOL, name in LABELLED)
