@@ -81,7 +81,7 @@ def test_squeeze_excite_gate_hoisted_and_exact(storage):
     mul = [mod[gv] for gv in mod.functions if "qlinearmul" in gv.name_hint]
     assert mul, "the gate multiply has its own kernel"
     text = mul[0].script()
-    assert 'sblock("hoist_b")' in text          # the gate: computed once per channel
+    assert 'sblock("hoist_ghl")' in text        # the gate's split multiplier: once per channel (kernels/quant.py _se_mul_x86)
     assert "lut" in text                        # ... from the HardSigmoid table
 
 
