@@ -33,7 +33,7 @@ from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from . import elementwise as kelem
 from . import qdot
-from .conv import _attrs2d, conv2d_accumulate, depthwise_int_exact_f32, pick_block
+from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
 from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, linearize
 
 I32, I64, F32 = "int32", "int64", "float32"
@@ -50,11 +50,6 @@ def _mul(x, w):
 def _is_x86(ctx) -> bool:
     spec = getattr(getattr(ctx, "low", None), "spec", None)
     return getattr(spec, "family", None) == "x86"
-
-
-def _is_cuda(ctx) -> bool:
-    spec = getattr(getattr(ctx, "low", None), "spec", None)
-    return getattr(spec, "family", None) == "cuda"
 
 
 def _qp(ctx, i):
@@ -182,7 +177,7 @@ def qconv2d(ctx, a, ins, outs):
     return [requantized(ctx, a, outs[0], w, bias, zx, acc_at)]
 
 
-def _as_s8(ctx, v, dtype: str):
+def _as_s8(v, dtype: str):
     """A stored uint8/int8 element as int8: uint8 ``x`` becomes ``x - 128`` (= ``x ^ 0x80``, exact
     in [-128, 127]), int8 is unchanged."""
     return cast(cast(v, I32) - tirx.const(128, I32), "int8") if dtype == "uint8" else cast(v, "int8")
@@ -219,7 +214,7 @@ def _cuda_conv_s8s8(ctx, a, x, w: np.ndarray, out_shape, zx: int):
     zc = tirx.const(z, "int8")
 
     def padded(i, ci, y, xx):
-        v = _as_s8(ctx, x.at((i, ci, y - pt, xx - pl)), x.dtype)
+        v = _as_s8(x.at((i, ci, y - pt, xx - pl)), x.dtype)
         if not (pt or pl or pb or pr):
             return v
         return tirx.if_then_else(tirx.all(y >= pt, y < pt + h, xx >= pl, xx < pl + wd), v, zc)
@@ -284,7 +279,7 @@ def _cuda_dense_s8s8(ctx, A, w: np.ndarray, za: int, m: int, kk: int):
     """QLinearGemm's int32 accumulator for CUDA as ``Σ_k int32(A'[i, k]) · int32(W[j, k])`` over
     int8 operands (A' = A shifted to int8 in its own stage, as in :func:`_cuda_conv_s8s8`), the
     form dlight's int8 WMMA rule takes when M, N, K > 64. Returns ``(acc_at(i, j), z_eff)``."""
-    A8 = compute((m, kk), lambda i, j: _as_s8(ctx, A.at((i, j)), A.dtype), name="pad")
+    A8 = compute((m, kk), lambda i, j: _as_s8(A.at((i, j)), A.dtype), name="pad")
     W = ctx.param(np.ascontiguousarray(w.astype(np.int8)), "qw_s8")
     rk = te.reduce_axis((0, kk), "rk")
     d = compute((m, w.shape[0]), lambda i, j: te.sum(cast(A8[i, rk], I32) * cast(W[j, rk], I32), axis=[rk]),
