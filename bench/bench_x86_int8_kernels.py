@@ -5,6 +5,7 @@
     python bench/bench_x86_int8_kernels.py --what models --models fashion,cls
     python bench/bench_x86_int8_kernels.py --features=-avx512vnni,-avxvnni   # the AVX2 (no VNNI) path
     python bench/bench_x86_int8_kernels.py --what kernels --models cls --threads 1   # per-kernel profile
+    python bench/bench_x86_int8_kernels.py --what kernels --models svhn --threads 1  # ... with % of VNNI peak
 
 Layers: one convolution (or gemm) per graph, fp32 ``Conv`` (activation fused by the default passes) against ``QLinearConv`` on uint8
 input/output with per-channel int8 weights and the fused requantization (no Quantize/Dequantize
@@ -160,6 +161,11 @@ def model_cases(filt):
         x = realmodels.rapidocr_input(kind, shape)
         calib = [realmodels.rapidocr_input(kind, shape) * np.float32(s) for s in (0.9, 1.0, 1.1)]
         out.append((m.name, m.source, x, calib))
+    for m in realmodels.project_models():             # mnistnet, uspsnet, svhnnet on their digit inputs
+        if m.name.startswith("fashion") or m.data == "random":
+            continue
+        (name, x), = m.feeds(0).items()
+        out.append((m.name, m.source, x[:1], [x[i:i + 1] for i in range(min(len(x), 16))]))
     return [c for c in out if not filt or any(s in c[0] for s in filt.split(","))]
 
 
@@ -242,18 +248,51 @@ def _shape_note(members) -> str:
 
 
 def profile_kernels(graph, spec, repeats: int):
-    """[(anchor name, category, label, parallel, ms)] for every kernel call of ``graph``."""
-    from qcompiler.quant.layer_cost import time_each_kernel
+    """[(anchor name, category, label, parallel, ms, MACs)] for every kernel call of ``graph``."""
+    from qcompiler.quant.layer_cost import macs, time_each_kernel
     out = []
     for members, name, func, ms in time_each_kernel(graph, spec, repeats):
         par = "T.parallel" in func.script()
         label = "+".join(op.kind for op in members) + _shape_note(members)
-        out.append((_anchor_name(members), _category(members), f"{name} {label}", par, ms))
+        out.append((_anchor_name(members), _category(members), f"{name} {label}", par, ms,
+                    sum(macs(op) for op in members)))
     return out
 
 
-def bench_kernels(spec, rounds, iters, filt, repeats: int = 5):
+def vnni_peak_gmacs() -> float | None:
+    """One core's vpdpbusd peak in GMAC/s (bench/x86_vnni_peak.c, compiled with the system cc), or
+    None where there is no compiler or no AVX-512 VNNI."""
+    import shutil
+    import subprocess
+    import tempfile
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "peak"
+        r = subprocess.run([cc, "-O2", "-mavx512f", "-mavx512bw", "-mavx512vnni", str(ROOT / "bench" / "x86_vnni_peak.c"),
+                            "-o", str(exe)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
+    return float(out.split("zmm:")[1].split()[0])
+
+
+def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: int) -> str:
+    """' <GMAC/s> <%>' of an int8 conv/gemm kernel against ``peak`` GMAC/s per core (times the
+    threads for a kernel on the thread pool)."""
+    if not n_macs or not ms or peak is None:
+        return ""
+    g = n_macs / (ms * 1e-3) / 1e9
+    return f" {g:6.0f} {100 * g / (peak * (threads if par else 1)):4.0f}%"
+
+
+def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1):
     import tvm
+    peak = vnni_peak_gmacs()
+    if peak is not None:
+        print(f"VNNI peak (bench/x86_vnni_peak.c): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
+              f"GMAC/s and % of it (x {threads} threads for * kernels)")
     for name, path, x, calib in model_cases(filt):
         gf, gq = model_graphs(path, calib)
         kq, kf = profile_kernels(gq, spec, repeats), profile_kernels(gf, spec, repeats)
@@ -263,9 +302,9 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5):
         print(f"\n{name}: {len(kq)} int8 kernels, {len(kf)} fp32 kernels (us; * = thread pool)")
         print(f"{'int8 kernel':64s} {'us':>8s}   {'fp32 kernel':40s} {'us':>8s}")
         kq = [(a, c, lab.replace("QLinearConv", "QConv").replace("DequantizeLinear+HardSigmoid+QuantizeLinear+", "SE:")
-               .replace("_qlinear", "_q"), p, m) for a, c, lab, p, m in kq]
+               .replace("_qlinear", "_q"), p, m, n) for a, c, lab, p, m, n in kq]
         used = set()
-        for anchor, cat, label, par, ms in kq:
+        for anchor, cat, label, par, ms, n_macs in kq:
             fr = fmap.get(anchor, [])
             f = next((r for r in fr if id(r) not in used), None)
             if f is not None and cat not in ("q/dq",):
@@ -273,7 +312,8 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5):
                 ftxt = f"{f[2].split(' ', 1)[0][:39]:40s} {f[4] * 1e3:7.1f}{'*' if f[3] else ' '}"
             else:
                 ftxt = ""
-            print(f"{label[:63]:64s} {ms * 1e3:7.1f}{'*' if par else ' '}   {ftxt}")
+            print(f"{label[:63]:64s} {ms * 1e3:7.1f}{'*' if par else ' '}   {ftxt}"
+                  f"{_peak_note(par, ms, n_macs, peak, threads) if cat in ('1x1', 'conv', 'gemm') else ''}")
         for row in kf:
             if id(row) not in used:
                 print(f"{'':64s} {'':8s}   {row[2][:39]:40s} {row[4] * 1e3:7.1f}{'*' if row[3] else ' '}")
@@ -292,6 +332,14 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5):
               f"{sum(r[3] for r in kf):3d}")
         print(f"{'model (VM)':10s} {t[1] * 1e3:9.1f} {'':7s} {t[0] * 1e3:9.1f}      int8/fp32 {t[1] / t[0]:.2f}")
         print(f"{'VM - sum':10s} {(t[1] - sq) * 1e3:9.1f} {'':7s} {(t[0] - sf) * 1e3:9.1f}", flush=True)
+        if peak is not None:
+            dot = [r for r in kq if r[1] in ("1x1", "conv", "gemm")]
+            n_dot, t_dot = sum(r[5] for r in dot), sum(r[4] for r in dot)
+            all_macs = sum(r[5] for r in kq)
+            g_dot, g_all = n_dot / (t_dot * 1e-3) / 1e9, all_macs / (t[1] * 1e-3) / 1e9       # times in ms
+            print(f"int8 conv/gemm kernels: {n_dot / 1e6:.1f} M MACs in {t_dot * 1e3:.1f} us = {g_dot:.0f} GMAC/s; "
+                  f"whole model (VM): {g_all:.0f} GMAC/s = {100 * g_all / (peak * threads):.0f} % "
+                  f"of {threads} core(s)' VNNI peak", flush=True)
 
 
 def main(argv=None) -> int:
@@ -315,7 +363,7 @@ def main(argv=None) -> int:
     if "models" in a.what:
         bench_models(spec, a.rounds, a.iters, a.models)
     if "kernels" in a.what:
-        bench_kernels(spec, a.rounds, a.iters, a.models)
+        bench_kernels(spec, a.rounds, a.iters, a.models, threads=a.threads)
     return 0
 
 
