@@ -259,23 +259,32 @@ def profile_kernels(graph, spec, repeats: int):
     return out
 
 
-def vnni_peak_gmacs() -> float | None:
-    """One core's vpdpbusd peak in GMAC/s (bench/x86_vnni_peak.c, compiled with the system cc), or
-    None where there is no compiler or no AVX-512 VNNI."""
+def _c_peak(source: str, flags: list[str], cpu_flag: str, tag: str) -> float | None:
+    """GMAC/s printed by one of the bench/x86_*_peak.c programs (compiled with the system cc), or
+    None where there is no compiler, no ``cpu_flag`` in /proc/cpuinfo, or the program fails."""
     import shutil
     import subprocess
     import tempfile
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
+    if cc is None or cpu_flag not in Path("/proc/cpuinfo").read_text():
         return None
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "peak"
-        r = subprocess.run([cc, "-O2", "-mavx512f", "-mavx512bw", "-mavx512vnni", str(ROOT / "bench" / "x86_vnni_peak.c"),
-                            "-o", str(exe)], capture_output=True, text=True)
+        r = subprocess.run([cc, "-O2", *flags, str(ROOT / "bench" / source), "-o", str(exe)], capture_output=True, text=True)
         if r.returncode != 0:
             return None
-        out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
-    return float(out.split("zmm:")[1].split()[0])
+        r = subprocess.run([str(exe)], capture_output=True, text=True)
+    return float(r.stdout.split(tag)[1].split()[0]) if r.returncode == 0 and tag in r.stdout else None
+
+
+def vnni_peak_gmacs() -> float | None:
+    """One core's vpdpbusd peak in GMAC/s (bench/x86_vnni_peak.c)."""
+    return _c_peak("x86_vnni_peak.c", ["-mavx512f", "-mavx512bw", "-mavx512vnni"], "avx512_vnni", "zmm:")
+
+
+def amx_peak_gmacs() -> float | None:
+    """One core's AMX-INT8 tdpbusd peak in GMAC/s (bench/x86_amx_peak.c), where the CPU has it."""
+    return _c_peak("x86_amx_peak.c", ["-mamx-tile", "-mamx-int8"], "amx_int8", "tdpbusd:")
 
 
 def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: int) -> str:
@@ -293,6 +302,10 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1)
     if peak is not None:
         print(f"VNNI peak (bench/x86_vnni_peak.c): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
               f"GMAC/s and % of it (x {threads} threads for * kernels)")
+        amx = amx_peak_gmacs()
+        if amx is not None:
+            print(f"AMX-INT8 peak (bench/x86_amx_peak.c): {amx:.0f} GMAC/s per core, {amx / peak:.1f}x VNNI "
+                  f"(our kernels do not use AMX)")
     for name, path, x, calib in model_cases(filt):
         gf, gq = model_graphs(path, calib)
         kq, kf = profile_kernels(gq, spec, repeats), profile_kernels(gf, spec, repeats)
