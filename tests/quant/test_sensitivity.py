@@ -160,3 +160,37 @@ def test_fashion_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     assert len(report.compared) >= 20
     assert all(r.max_lsb <= 1 for r in report.compared), [(r.name, r.max_lsb) for r in report.compared]
     assert report.passed, report.verdict()
+
+
+@pytest.mark.parametrize("target", ["x86", pytest.param("arm", marks=[pytest.mark.qemu, pytest.mark.skipif(
+    bool(_no_qemu), reason="; ".join(_no_qemu))])])
+def test_rapidocr_cls_cli_min_sqnr_plain_int8_misses(tmp_path, target):
+    """The rapidocr classifier through the CLI (16 calibration lines, 32 held back for the report's
+    evaluation, the selection on the 32 after those): plain int8 misses --min-sqnr 19 on the selection lines (measured 13.6 dB at the
+    bound, 16.5 point), the selection meets it there at the 95 % bootstrap bound with a few float
+    layers (measured: 2, bound 19.8 dB), and the artifact built for x86 and for aarch64 (qemu)
+    matches its QDQ export within 1 LSB on every int8 layer. Not asserted: the held-back line, which
+    with 16 calibration lines can fall short (measured 18.6 dB; see README, selective unquantization)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from realmodels import rapidocr_models, rapidocr_text_lines
+    models = [m for m in rapidocr_models() if m.name == "rapidocr-cls"]
+    if not models:
+        pytest.skip("rapidocr package not installed")
+    lines = rapidocr_text_lines(80)
+    np.savez(tmp_path / "lines.npz", x=lines)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "qcompiler.cli", models[0].load(), "--input-shape", "x=1x3x48x192",
+                        "--dtype", "int8", "--calib", str(tmp_path / "lines.npz"), "--calib-samples", "16",
+                        "--eval-samples", "32", "--sensitivity-samples", "32", "--min-sqnr", "19",
+                        "--layer-costs", "off", "--target", target, "--debug-layers", "-q", "-o", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    sel = json.loads((out / "report.json").read_text())["selection"]
+    print(f"\nrapidocr-cls --min-sqnr 19: all int8 {sel['baseline']:.2f} -> {sel['score']:.2f} dB "
+          f"with {sel['float_layers']}; held back: {sel['evaluation']}")
+    assert sel["baseline"] < 19 <= sel["score"] and sel["met"]
+    assert 1 <= len(sel["float_layers"]) <= 8
+    report = verify(out, lines[-8:])
+    assert len(report.compared) >= 40
+    assert all(r.max_lsb <= 1 for r in report.compared), [(r.name, r.max_lsb) for r in report.compared]
+    assert report.passed, report.verdict()
