@@ -224,8 +224,7 @@ class _Store:
 
     def best(self, func):
         """The best recorded schedule of ``func`` (a PrimFunc), or None."""
-        from tvm import IRModule
-        sch = self.db.query_schedule(IRModule({"main": func}), self.target, workload_name="main")
+        sch = self.db.query_schedule(_normalize(func), self.target, workload_name="main")
         return None if sch is None else sch.mod["main"]
 
     def save(self) -> None:
@@ -312,7 +311,8 @@ def _task_logger(folder: Path, name: str) -> logging.Logger:
 
 
 def _search(store: _Store, work: list[tuple[str, object, int]], opts: TuneOptions, log) -> None:
-    """Run MetaSchedule on each (name, func, trials) with the host's LocalBuilder/LocalRunner."""
+    """Run MetaSchedule on each (name, func, trials), building and timing in this process
+    (:func:`_in_process`)."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.tune import tune_tasks
     _cpu_count_without_psutil()

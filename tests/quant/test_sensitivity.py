@@ -124,10 +124,28 @@ def test_labels_and_metric_callback():
 
 
 _no_qemu = arm.emulation_problems()
+TARGETS = ["x86", pytest.param("arm", marks=[pytest.mark.qemu, pytest.mark.skipif(
+    bool(_no_qemu), reason="; ".join(_no_qemu))])]
 
 
-@pytest.mark.parametrize("target", ["x86", pytest.param("arm", marks=[pytest.mark.qemu, pytest.mark.skipif(
-    bool(_no_qemu), reason="; ".join(_no_qemu))])])
+def _qcompile(args: list[str], out, timeout: int) -> dict:
+    """``qcompile ARGS --debug-layers -q -o OUT`` in a subprocess; its report.json."""
+    p = subprocess.run([sys.executable, "-m", "qcompiler.cli", *args, "--debug-layers", "-q", "-o", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert p.returncode == 0, p.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def _assert_int8_layers_within_1_lsb(out, x, min_layers: int) -> None:
+    """``qcompile verify``'s check of OUT on ``x``: every int8 layer within 1 LSB of the QDQ export."""
+    report = verify(out, x)
+    print("\n" + report.table())
+    assert len(report.compared) >= min_layers
+    assert all(r.max_lsb <= 1 for r in report.compared), [(r.name, r.max_lsb) for r in report.compared]
+    assert report.passed, report.verdict()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_fashion_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     """models/fashion_mobilenet.onnx, per-tensor weights without equalization: plain int8 reaches
     about 17-18 dB; --min-sqnr 30 keeps the fewest layers float (measured: one depthwise conv,
@@ -137,14 +155,11 @@ def test_fashion_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     if not (ROOT / "models" / "fashion_test.npz").exists():
         pytest.skip("models/fashion_test.npz missing")
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "qcompiler.cli", str(ROOT / "models" / "fashion_mobilenet.onnx"),
-                        "--dtype", "int8", "--calib", str(ROOT / "models" / "fashion_test.npz"),
-                        "--calib-samples", "128", "--eval-samples", "64", "--per-tensor", "--no-equalize",
-                        "--min-sqnr", "30", "--sensitivity-samples", "32", "--layer-costs", "off",
-                        "--target", target, "--debug-layers", "-q", "-o", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert p.returncode == 0, p.stderr
-    rep = json.loads((out / "report.json").read_text())
+    rep = _qcompile([str(ROOT / "models" / "fashion_mobilenet.onnx"),
+                     "--dtype", "int8", "--calib", str(ROOT / "models" / "fashion_test.npz"),
+                     "--calib-samples", "128", "--eval-samples", "64", "--per-tensor", "--no-equalize",
+                     "--min-sqnr", "30", "--sensitivity-samples", "32", "--layer-costs", "off",
+                     "--target", target], out, timeout=600)
     sel = rep["selection"]
     assert sel["baseline"] < 30 <= sel["score"] and sel["met"]             # plain int8 misses, selection meets
     assert 1 <= len(sel["float_layers"]) <= 3
@@ -155,15 +170,10 @@ def test_fashion_cli_min_sqnr_plain_int8_misses(tmp_path, target):
         assert next(r for r in rep["layers"] if r["name"] == name)["precision"] == "float"
     assert rep["float_layers"] == len(sel["float_layers"])
     x = np.load(ROOT / "models" / "fashion_test.npz")["x"][-16:].astype(np.float32)
-    report = verify(out, x)
-    print("\n" + report.table())
-    assert len(report.compared) >= 20
-    assert all(r.max_lsb <= 1 for r in report.compared), [(r.name, r.max_lsb) for r in report.compared]
-    assert report.passed, report.verdict()
+    _assert_int8_layers_within_1_lsb(out, x, min_layers=20)
 
 
-@pytest.mark.parametrize("target", ["x86", pytest.param("arm", marks=[pytest.mark.qemu, pytest.mark.skipif(
-    bool(_no_qemu), reason="; ".join(_no_qemu))])])
+@pytest.mark.parametrize("target", TARGETS)
 def test_rapidocr_cls_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     """The rapidocr classifier through the CLI (16 calibration lines, 32 held back for the report's
     evaluation, the selection on the 32 after those): plain int8 misses --min-sqnr 19 on the
@@ -172,7 +182,6 @@ def test_rapidocr_cls_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     and the artifact built for x86 and for aarch64 (qemu) matches its QDQ export within 1 LSB on
     every int8 layer. Not asserted: the held-back line, which with 16 calibration lines can fall
     short (measured 18.6 dB; see README, selective unquantization). ~40 s per target."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from realmodels import rapidocr_models, rapidocr_text_lines
     models = [m for m in rapidocr_models() if m.name == "rapidocr-cls"]
     if not models:
@@ -180,18 +189,12 @@ def test_rapidocr_cls_cli_min_sqnr_plain_int8_misses(tmp_path, target):
     lines = rapidocr_text_lines(80)
     np.savez(tmp_path / "lines.npz", x=lines)
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "qcompiler.cli", models[0].load(), "--input-shape", "x=1x3x48x192",
-                        "--dtype", "int8", "--calib", str(tmp_path / "lines.npz"), "--calib-samples", "16",
-                        "--eval-samples", "32", "--sensitivity-samples", "32", "--min-sqnr", "19",
-                        "--layer-costs", "off", "--target", target, "--debug-layers", "-q", "-o", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert p.returncode == 0, p.stderr
-    sel = json.loads((out / "report.json").read_text())["selection"]
+    sel = _qcompile([models[0].load(), "--input-shape", "x=1x3x48x192",
+                     "--dtype", "int8", "--calib", str(tmp_path / "lines.npz"), "--calib-samples", "16",
+                     "--eval-samples", "32", "--sensitivity-samples", "32", "--min-sqnr", "19",
+                     "--layer-costs", "off", "--target", target], out, timeout=900)["selection"]
     print(f"\nrapidocr-cls --min-sqnr 19: all int8 {sel['baseline']:.2f} -> {sel['score']:.2f} dB "
           f"with {sel['float_layers']}; held back: {sel['evaluation']}")
     assert sel["baseline"] < 19 <= sel["score"] and sel["met"]
     assert 1 <= len(sel["float_layers"]) <= 8
-    report = verify(out, lines[-8:])
-    assert len(report.compared) >= 40
-    assert all(r.max_lsb <= 1 for r in report.compared), [(r.name, r.max_lsb) for r in report.compared]
-    assert report.passed, report.verdict()
+    _assert_int8_layers_within_1_lsb(out, lines[-8:], min_layers=40)

@@ -12,7 +12,7 @@ from tvm import te
 
 from .conv import pick_block
 from .elementwise import activation
-from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, linearize, unravel
+from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, divisor_at_most, linearize, unravel
 
 F32 = "float32"
 
@@ -35,8 +35,7 @@ def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
     rk = te.reduce_axis((0, k), "rk")
     d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
         a2.at((i, rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
-    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
-    ctx.schedule("dense", mb=mb)
+    ctx.schedule("dense", mb=divisor_at_most(m, 8))
     if npad == n:
         return Buf(d, out_shape, F32)
     rows = int(np.prod(out_shape[:-1]))

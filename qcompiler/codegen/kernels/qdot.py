@@ -39,7 +39,7 @@ from tvm import te, tirx
 
 from ..intrin_arm import register_lane
 from ..intrin_x86 import DotIsa, int8_isa
-from .tensor import Buf, cast, compute
+from .tensor import Buf, cast, compute, divisor_at_most
 
 I32 = "int32"
 INDEXED_SDOT = True      # arm: indexed sdot over the input-channel block (scripts/arm_sdot_mca.py compares)
@@ -217,10 +217,7 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
     d = compute((m, npad // lanes, lanes), lambda i, no, ni: te.sum(
         cast(Ap[i, kb * q + kq], I32) * cast(wp[no, kb, ni, kq], I32), axis=[kb, kq]), name="dense")
     mb, nb = _dense_blocking(isa, m, npad // lanes)
-    if nb > 1:
-        ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes), nb=nb)
-    else:
-        ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes))
+    ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes), nb=nb)
     return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
 
 
@@ -232,8 +229,6 @@ def _dense_blocking(isa: DotIsa, m: int, nvec: int) -> tuple[int, int]:
     (sdot's latency is several cycles, its throughput two per cycle), with mb <= 4 rows:
     mb·nb accumulators + nb weights + mb broadcast A words <= 24 of the 32 NEON registers."""
     if isa.kind == "sdot":
-        mb = max(dv for dv in range(1, min(m, 4) + 1) if m % dv == 0)
-        nb = max(dv for dv in range(1, min(nvec, 4) + 1) if nvec % dv == 0)
-        return mb, nb
-    return max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0), 1
+        return divisor_at_most(m, 4), divisor_at_most(nvec, 4)
+    return divisor_at_most(m, 8), 1
 

@@ -34,7 +34,7 @@ from ...quant.requant import activation_clamp
 from . import elementwise as kelem
 from . import qdot
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
-from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, linearize
+from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize
 
 I32, I64, F32 = "int32", "int64", "float32"
 I16 = "int16"
@@ -301,8 +301,7 @@ def _dense_int16(ctx, A, w, m, n, kk):
     rk = te.reduce_axis((0, kk), "rk")
     d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
         _mul(A.at((i, rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
-    mb = max(dv for dv in range(1, min(m, 8) + 1) if m % dv == 0)
-    ctx.schedule("dense", mb=mb)
+    ctx.schedule("dense", mb=divisor_at_most(m, 8))
     return lambda i, j: d[i, j // bn, j % bn]
 
 

@@ -40,6 +40,11 @@ def cast(x, dtype: str):
     return x if dtype_of(x) == dtype else x.astype(dtype)
 
 
+def divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is <= ``cap`` (a register-tile extent that splits ``n``)."""
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
 def const(v, dtype: str):
     if dtype == "bool":
         return tirx.const(bool(v), "bool")
