@@ -27,14 +27,12 @@ goal: int8 <= 1.0x at batch 64 and <= 1.5x at batch 1).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np

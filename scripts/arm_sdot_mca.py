@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qcompiler.codegen.kernels import conv as kconv  # noqa: E402
 from qcompiler.codegen.kernels import qdot  # noqa: E402
+from qcompiler.codegen.kernels.tensor import divisor_at_most  # noqa: E402
 from qcompiler.codegen.lower import build_module  # noqa: E402
 from qcompiler.codegen.schedules import x86  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
@@ -97,7 +98,7 @@ def inner_loop(asm: str) -> list[str] | None:
 
 GEMMS = [(1, 1024, 256), (4, 512, 128), (8, 256, 64), (50, 256, 10)]   # (m, k, n)
 _dense_orig = qdot._dense_blocking
-DENSE_VARIANTS = {"x86 rule": lambda isa, m, nvec: (max(d for d in range(1, min(m, 8) + 1) if m % d == 0), 1),
+DENSE_VARIANTS = {"x86 rule": lambda isa, m, nvec: (divisor_at_most(m, 8), 1),
                   "final": _dense_orig}
 
 

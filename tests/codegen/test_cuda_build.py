@@ -282,10 +282,17 @@ def wmma_conv_kernel(spec):
     return conv
 
 
-def wmma_cuda_source(spec) -> str:
-    """The CUDA source tvm.compile makes for the 128-channel int8 conv."""
+def wmma_artifact(g, out):
+    """(the sm_90 int8 artifact of ``g`` written to ``out``, the CUDA source tvm.compile made for it
+    before nvcc): one build."""
     from qcompiler.codegen.lower import build_module
-    return cuda_aot.cuda_sources(build_module(_one_conv_int8(), spec).mod)
+    spec, seen = TargetSpec("cuda", arch=("sm_90",), dtype="int8"), {}
+
+    def build(graph, s):
+        ex = build_module(graph, s)
+        seen["src"] = cuda_aot.cuda_sources(ex.mod)
+        return ex
+    return write_artifact(g, spec, out, build=build), seen["src"]
 
 
 def test_fp16_conv_pads_in_float16_for_tensor_cores():

@@ -164,17 +164,17 @@ def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
 
 def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
     """The 128-channel int8 conv of test_cuda_build.py: its CUDA source calls wmma::mma_sync on
-    signed-char fragments with an int accumulator, and on the GPU its result equals the oracle."""
+    signed-char fragments with an int accumulator, and on the GPU its result equals the oracle. One
+    build: the artifact's, whose CUDA source is kept on the way (the library holds only the fatbin)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_cuda_build import _one_conv_int8, wmma_cuda_source
+    from test_cuda_build import _one_conv_int8, wmma_artifact
     from qcompiler.quant import reference
-    spec = TargetSpec("cuda", arch=("sm_90",), dtype="int8")
-    src = wmma_cuda_source(spec)
+    g = _one_conv_int8()
+    out, src = wmma_artifact(g, tmp_path / "OUT")
     assert src.count("wmma::mma_sync") >= 1, src[:2000]
     assert "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, signed char" in src
     assert "wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, int>" in src
-    g = _one_conv_int8()
-    model = qcompiler.load(write_artifact(g, spec, tmp_path / "OUT"))
+    model = qcompiler.load(out)
     x = np.random.default_rng(5).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
     got = model(x)[0]
     want = reference.run(g, {g.inputs[0].name: x})[0]
