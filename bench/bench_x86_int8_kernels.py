@@ -55,7 +55,7 @@ LAYERS = {
     "dw3x3 s2 96 56x56": (96, 96, 56, 56, 3, 2, 96, 1),
     "dw5x5 200 6x24": (200, 200, 6, 24, 5, 1, 200, 2),          # a rapidocr-cls depthwise layer
     "dw5x5 s2 64 56x56": (64, 64, 56, 56, 5, 2, 64, 2),
-    # rapidocr-cls's largest layers, with its HardSwish (the integer epilogue of qcompiler/quant/hardswish.py)
+    # rapidocr-cls's largest layers, with its HardSwish (the float32 epilogue of qcompiler/quant/hardswish.py)
     "dw5x5 200 2x96 HardSwish": (200, 200, 2, 96, 5, 1, 200, 2),
     "conv1x1 32->200 2x96 HardSwish": (32, 200, 2, 96, 1, 1, 1, 0),
 }

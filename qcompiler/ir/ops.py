@@ -425,9 +425,9 @@ register_op("FusedGemm", _fused_gemm, {"alpha": 1.0, "beta": 1.0, "transA": 0, "
 # ``activation`` "" | "Relu" | "Clip" (with ``activation_params`` [min, max]) narrows the clamp range
 # [lo, hi] (qcompiler.quant.requant.activation_clamp). Results carry their quant params in their type.
 # QLinearConv/QLinearGemm also take ``activation`` "HardSwish": y = z clamp(a_c z + b, 0, 1) evaluated in
-# integers on the accumulator (qcompiler.quant.hardswish), ``activation_params`` [] (HardSwish) or
-# [alpha, beta, S...] (a_c = alpha S_c, b = beta: the equalized form), m/s then map acc to a
-# pre-activation grid 2^k finer than the output's, and ``hardswish`` = [c_b, c_1, m2, s2, p_hi] (lists).
+# float32 on the accumulator with one rounding to the output grid (qcompiler.quant.hardswish),
+# ``activation_params`` [] (HardSwish) or [alpha, beta, S...] (a_c = alpha S_c, b = beta: the equalized
+# form), and ``hardswish`` = [sigma, g, [b]] (float32 lists: sigma_c = M_c, g_c = a_c s_out).
 # Plain ops may also take quantized operands; their result keeps the operand's params: MaxPool,
 # GlobalMaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Identity work on the stored
 # integers (MaxPool pads with the storage minimum), Pad pads with Q(value) (the zero point for 0),

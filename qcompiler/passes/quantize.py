@@ -30,7 +30,7 @@ reference interpreter; :func:`_bias_correction_helps`: it cost uspsnet 0.11 dB),
    ===============================================  =========================================
    Conv, FusedConv (act "", Relu, Clip), const W/B  QLinearConv (rank-4 input)
    FusedConv/FusedGemm act HardSwish, or a          QLinearConv/QLinearGemm with activation
-   Conv/Gemm whose output z feeds only              "HardSwish": an integer epilogue with ONE
+   Conv/Gemm whose output z feeds only              "HardSwish": a float32 epilogue with ONE
    z·HardSigmoid(S·z) (equalize's form, S > 0)      quantization point (qcompiler.quant.hardswish)
    HardSwish after a QLinear conv/gemm (one use)    the same epilogue
    Gemm, FusedGemm, MatMul with const W             QLinearGemm (2-D input, transA = 0, bias
@@ -176,7 +176,7 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
 
 
 def _fuses_hardswish(act: str, opts: QuantizeOptions) -> bool:
-    """HardSwish stays fused: an integer epilogue of the conv/gemm (qcompiler.quant.hardswish)."""
+    """HardSwish stays fused: a float32 epilogue of the conv/gemm (qcompiler.quant.hardswish)."""
     return act == "HardSwish" and "HardSwish" not in opts.keep_float
 
 
@@ -283,7 +283,7 @@ def _plan(graph: Graph, opts: QuantizeOptions) -> _Plan:
 
 def _claim_scaled_hardswish(p: _Plan, op: Op, opts: QuantizeOptions) -> None:
     """Fold z · HardSigmoid(S·z) after a conv/gemm whose output z feeds only that pattern (the
-    form ``equalize`` leaves a rescaled HardSwish in) into the conv's integer HardSwish epilogue,
+    form ``equalize`` leaves a rescaled HardSwish in) into the conv's float32 HardSwish epilogue,
     with gate slopes alpha·S (S > 0)."""
     from .equalize import scaled_hardswish
     if not _fuses_hardswish("HardSwish", opts):

@@ -5,7 +5,7 @@ Integer ops compute exactly what the int8 kernels must compute, bit for bit (see
 
     QLinearConv  acc = Σ (xq - z_x) * wq + bq        (padding contributes real 0: xq = z_x)
                  q   = clamp(z_out + rrs(acc * m[c], s[c]), lo, hi)
-                 (activation HardSwish: the integer epilogue of :mod:`.hardswish` instead)
+                 (activation HardSwish: the float32 epilogue of :mod:`.hardswish` instead)
 
 Accumulators are formed with float64 matrix products of integers (|products| < 2^15, sums far
 below 2^53, so exact, and BLAS-fast) and checked to fit int32. Float ops (those the quantizer
@@ -170,17 +170,19 @@ def _acc_int32(acc: np.ndarray, op: Op) -> np.ndarray:
 def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1) -> np.ndarray:
     qp = op.result.type.quant
 
-    def per_channel(v):
-        v = np.asarray(v, np.int64)
+    def per_channel(v, dtype=np.int64):
+        v = np.asarray(v, dtype)
         if channel_axis is None:
             return v
         if v.size == 1:
             return v.reshape(())
         return _channel(v, acc.ndim, channel_axis)
-    m, s = per_channel(a["multiplier"]), per_channel(a["shift"])
-    if a.get("activation") == "HardSwish":          # fused integer HardSwish (qcompiler.quant.hardswish)
+    if a.get("activation") == "HardSwish":          # fused float32 HardSwish (qcompiler.quant.hardswish)
         lo, hi = INT_RANGES[qp.storage]
-        return hardswish.requantize(acc, m, s, [per_channel(v) for v in a["hardswish"]], qp.zero_point[0], lo, hi)
+        sig, g, b = a["hardswish"]
+        hs = [per_channel(sig, np.float32), per_channel(g, np.float32), b]
+        return hardswish.requantize(acc, hs, qp.zero_point[0], lo, hi)
+    m, s = per_channel(a["multiplier"]), per_channel(a["shift"])
     lo, hi = activation_clamp(a.get("activation", ""), a.get("activation_params") or [], qp)
     return requantize(acc, m, s, qp.zero_point[0], lo, hi)
 

@@ -419,7 +419,7 @@ def _gate_params(kind, o):
 @pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("storage, c, o, group, k, p, gate", HSWISH_CONVS)
 def test_qlinearconv_hardswish_epilogue_bit_exact(strict, isa, storage, c, o, group, k, p, gate):
-    """The integer HardSwish epilogue (qcompiler.quant.hardswish), plain HardSwish and the
+    """The float32 HardSwish epilogue (qcompiler.quant.hardswish), plain HardSwish and the
     equalized per-channel form, on every forced ISA path, equal to the oracle."""
     spec = isa_spec(isa)
     g = Graph("q")

@@ -182,8 +182,8 @@ def test_rapidocr_cls_dfq_gain(measured, capsys):
 
 
 def test_rapidocr_cls_10db(measured):
-    """Issue #6's acceptance: +10 dB. Measured +11.1 dB (10.6 -> 21.6 dB) once HardSwish became an
-    integer epilogue of the conv (qcompiler.quant.hardswish: one quantization point instead of the
+    """Issue #6's acceptance: +10 dB. Measured +11.1 dB (10.6 -> 21.6 dB) once HardSwish became a
+    fused epilogue of the conv (qcompiler.quant.hardswish: one quantization point instead of the
     8-bit pre-activation plus the output); before it, +8.9 dB."""
     res = measured("rapidocr-cls")
     assert res[BD.DFQ]["sqnr_db"] >= res[BD.BASELINE]["sqnr_db"] + 10

@@ -1,6 +1,6 @@
-"""The integer HardSwish epilogue (qcompiler.quant.hardswish) against HardSwish computed in float64
-and quantized once: within 1 LSB everywhere, and off by one only where the float value sits within
-the documented error bound (0.05 step) of a rounding boundary."""
+"""The float32 HardSwish epilogue (qcompiler.quant.hardswish) against HardSwish computed in float64
+and quantized once (round half to even, as QuantizeLinear): within 1 LSB everywhere, and off by one
+only where the float value sits within the documented error bound (2^-6 step) of a rounding boundary."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,16 +26,16 @@ def test_epilogue_matches_float_hardswish(storage, s_y, z_y, gate):
     z_hi = 300 * s_y                                   # well past saturation
     acc = np.round(RNG.uniform(-z_hi, z_hi, (20000, channels)) / M).astype(np.int64)
     acc[:10] = np.array([[-2 ** 31 + 1] * channels, [2 ** 31 - 1] * channels] * 5)   # int32 extremes: no overflow
-    col = lambda v: np.asarray(v, np.int64) if len(v) == 1 else np.asarray(v, np.int64)[None, :]
+    sig, g, beta = at["hardswish"]
+    col = lambda v: np.asarray(v, np.float32) if len(v) == 1 else np.asarray(v, np.float32)[None, :]
     lo, hi = (0, 255) if storage == "uint8" else (-128, 127)
-    got = hardswish.requantize(acc, col(at["multiplier"]), col(at["shift"]), [col(v) for v in at["hardswish"]],
-                               z_y, lo, hi)
+    got = hardswish.requantize(acc, [col(sig), col(g), beta], z_y, lo, hi)
     z = acc * M
     y = z * np.clip(a * z + b, 0, 1) / np.float32(s_y).astype(np.float64) + z_y
-    want = np.clip(np.floor(y + 0.5), lo, hi)
+    want = np.clip(np.rint(y), lo, hi)
     diff = np.abs(got - want)
     assert diff.max() <= 1
-    near = np.abs(y - np.floor(y) - 0.5) < 0.05        # within the error bound of a boundary
+    near = np.abs(y - np.floor(y) - 0.5) < 2 ** -6     # within the error bound of a boundary
     assert not np.any((diff > 0) & ~near & (y > lo) & (y < hi)), "off by one away from a rounding boundary"
     gated = (a * z + b > 0) & (a * z + b < 1)
     assert gated.mean() > 0.005                        # the gate's open region is exercised
@@ -91,7 +91,7 @@ def test_quantize_folds_hardswish_into_one_quantization_point(text, gate):
     assert [op.kind for op in g.ops] == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
     conv = g.find_ops("QLinearConv")[0]
     assert conv.attrs["activation"] == "HardSwish" and len(conv.attrs["activation_params"]) == gate
-    assert len(conv.attrs["hardswish"]) == 5
+    assert [len(v) for v in conv.attrs["hardswish"]][2] == 1 and len(conv.attrs["hardswish"]) == 3
     again = parse_graph(print_graph(g))                        # the new attributes round-trip
     again.verify()
     assert print_graph(again) == print_graph(g)

@@ -136,11 +136,12 @@ class _AsF32(LTensor):
         return cast(self.x.at(idx), F32)
 
 
-def depthwise_int_exact_f32(ctx, a, x: LTensor, w: np.ndarray, out_shape, zx: int):
+def depthwise_int_exact_f32(ctx, a, x: LTensor, w: np.ndarray, out_shape, zx: int, as_float: bool = False):
     """The integer depthwise sum ``Σ_taps x·w`` (stored x, padding with ``zx``) computed exactly on
     the float32 kernel (see the module docstring), or None when the exactness bound fails. The
     weights stay int8 in the library (a quarter of the bytes) and are widened to float32 at use.
-    Returns ``acc_at(idx)``: the int32 accumulator element at logical NCHW ``idx``."""
+    Returns ``acc_at(idx)``: the int32 accumulator element at logical NCHW ``idx`` (``as_float``: the
+    same integer as the float32 the kernel holds)."""
     if exact_f32_bound(x.dtype, w) >= F32_EXACT:
         return None
     (sh, sw), _, _ = _attrs2d(a)
@@ -151,7 +152,7 @@ def depthwise_int_exact_f32(ctx, a, x: LTensor, w: np.ndarray, out_shape, zx: in
         acc, b = conv2d_accumulate(ctx, a, x, w, out_shape,
                                    lambda p, q: cast(p, F32) * cast(q, F32), fill=zx, name="qw")
     accb = Buf(acc, out_shape, F32, b)
-    return lambda idx: cast(accb.at(idx), "int32")
+    return accb.at if as_float else (lambda idx: cast(accb.at(idx), "int32"))
 
 
 def conv2d(ctx, a, ins, outs):

@@ -121,32 +121,45 @@ def _multiply_terms(ctx, a, n: int, prefix: str):
 
 
 def _hardswish_fn(ctx, a, out_type, channels: int | None):
-    """The HardSwish epilogue of :mod:`qcompiler.quant.hardswish`, all in int64::
+    """The float32 HardSwish epilogue of :mod:`qcompiler.quant.hardswish` (the same operations as
+    its ``requantize``, none a product feeding an addition, so nothing for FMA contraction)::
 
-        p = clamp(rrs(acc m, s), -c_b, p_hi);  u = min(p + c_b, c_1);  y = clamp(z + rrs(p u m2, s2), lo, hi)
-    """
+        w = f32(acc)·σ;  t = min(max(w·g, -b), 1 - b) + b;  y = z + rint(clamp(w·t, lo - z, hi - z))
+
+    Returns int32 (the callers narrow it to the output storage)."""
+    from ...quant.hardswish import gate_constants
     qp = out_type.quant
     lo, hi = INT_RANGES[qp.storage]
     n = channels or 1
-
-    def vec(vals, dtype, name):
-        return _channel_vec(ctx, _per_channel(vals, n), dtype, name)
-    fm, fs, fr = _multiply_terms(ctx, a, n, "hs")
-    cb, c1, m2, s2, ph = a["hardswish"]
-    fcb, fc1, fph = vec(cb, I64, "hs_cb"), vec(c1, I64, "hs_c1"), vec(ph, I64, "hs_ph")
-    fm2, fs2 = vec(m2, I32, "hs_m2"), vec(s2, I64, "hs_s2")
-    fr2 = _rounding(fs2)
-    zo = tirx.const(int(qp.zero_point[0]), I64)
-    lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
+    sig, g, (b,) = a["hardswish"]
+    fsig, fg = _float_channel_vec(ctx, _per_channel_f(sig, n), "hs_sigma"), _float_channel_vec(ctx, _per_channel_f(g, n), "hs_g")
+    nb, pb, bb = (tirx.const(float(v), F32) for v in gate_constants(b))
+    z = int(qp.zero_point[0])
+    vlo, vhi = tirx.const(float(lo - z), F32), tirx.const(float(hi - z), F32)
+    zo = tirx.const(z, I32)
+    cpu = getattr(getattr(ctx.low, "spec", None), "family", None) in ("x86", "arm")
 
     def rq(acc, ch=None):
         ch = ch if ch is not None else tirx.const(0, I32)
-        v = tirx.shift_right(cast(acc, I64) * cast(fm(ch), I64) + fr(ch), fs(ch))
-        p = tirx.max(tirx.min(v, fph(ch)), tirx.const(0, I64) - fcb(ch))
-        u = tirx.min(p + fcb(ch), fc1(ch))
-        y = tirx.shift_right(p * u * cast(fm2(ch), I64) + fr2(ch), fs2(ch)) + zo
-        return tirx.max(tirx.min(y, hi_c), lo_c)
+        w = cast(acc, F32) * fsig(ch)
+        t = tirx.min(tirx.max(w * fg(ch), nb), pb) + bb
+        v = tirx.min(tirx.max(w * t, vlo), vhi)
+        return cast(_round_half_even(v, cpu), I32) + zo
     return rq
+
+
+def _per_channel_f(vals, n: int) -> list[float]:
+    vals = [float(v) for v in vals]
+    return vals * n if len(vals) == 1 else vals
+
+
+def _float_channel_vec(ctx, vals: list[float], name: str):
+    """``f(c)``: element c of a per-channel float32 list (an immediate when all entries are equal)."""
+    if len(set(vals)) == 1:
+        c = tirx.const(vals[0], F32)
+        return lambda ch: c
+    p = ctx.param(np.asarray(vals, np.float32), name)
+    return lambda ch: p[ch]
 
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
@@ -164,7 +177,9 @@ def qconv2d(ctx, a, ins, outs):
     k, cg = w.shape[:2]
     isa = qdot.isa_of(ctx)
     depthwise = cg == 1 and k == a["group"] and k > 1
-    exact = depthwise_int_exact_f32(ctx, a, x, w, out_shape, zx) if depthwise and _is_x86(ctx) else None
+    hswish = (a.get("activation") or "") == "HardSwish"
+    exact = depthwise_int_exact_f32(ctx, a, x, w, out_shape, zx, as_float=hswish) \
+        if depthwise and _is_x86(ctx) else None
     if _is_cuda(ctx) and a["group"] == 1:
         acc_at, zx = _cuda_conv_s8s8(ctx, a, x, w, out_shape, zx)
     elif exact is not None:
@@ -174,7 +189,24 @@ def qconv2d(ctx, a, ins, outs):
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at
+    if exact is not None and hswish:
+        return [_hardswish_on_float_acc(ctx, a, outs[0], w, bias, zx, exact)]
     return [requantized(ctx, a, outs[0], w, bias, zx, acc_at)]
+
+
+def _hardswish_on_float_acc(ctx, a, out, w: np.ndarray, bias, z: int, acc_f) -> Lazy:
+    """The HardSwish epilogue over the float32 accumulator of the exact depthwise kernel, without the
+    round trip through int32: ``f32(acc + fold_c)`` is the float add ``acc_f + f32(fold_c)`` when
+    fold_c is a float32 integer (|fold_c| <= 2^24): both operands exact, the add is rounded once,
+    as the reference's conversion of the exact sum. Otherwise the int32 path of :func:`requantized`."""
+    k = w.shape[0]
+    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
+        - z * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+    if np.abs(fold).max(initial=0) > 2 ** 24:
+        return requantized(ctx, a, out, w, bias, z, lambda idx: cast(acc_f(idx), I32))
+    ff = _float_channel_vec(ctx, [float(v) for v in fold], "qbias_f")
+    rq = _hardswish_fn(ctx, a, out, k)
+    return Lazy(out.shape, out.dtype, lambda idx: rq(acc_f(idx) + ff(idx[1]), idx[1]))
 
 
 def _as_s8(v, dtype: str):
