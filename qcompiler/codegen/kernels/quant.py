@@ -52,6 +52,10 @@ def _is_x86(ctx) -> bool:
     return getattr(spec, "family", None) == "x86"
 
 
+def _is_cpu(ctx) -> bool:
+    return getattr(getattr(ctx.low, "spec", None), "family", None) in ("x86", "arm")
+
+
 def _qp(ctx, i):
     return ctx.op.operands[i].type.quant
 
@@ -105,9 +109,9 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     return rq
 
 
-def _per_channel(vals, n: int) -> list[int]:
-    """A per-channel list of ``n`` ints (one value given: repeated)."""
-    vals = [int(v) for v in vals]
+def _per_channel(vals, n: int, kind=int) -> list:
+    """A per-channel list of ``n`` ints (``kind`` float: floats) (one value given: repeated)."""
+    vals = [kind(v) for v in vals]
     return vals * n if len(vals) == 1 else vals
 
 
@@ -132,12 +136,13 @@ def _hardswish_fn(ctx, a, out_type, channels: int | None):
     lo, hi = INT_RANGES[qp.storage]
     n = channels or 1
     sig, g, (b,) = a["hardswish"]
-    fsig, fg = _float_channel_vec(ctx, _per_channel_f(sig, n), "hs_sigma"), _float_channel_vec(ctx, _per_channel_f(g, n), "hs_g")
+    fsig = _float_channel_vec(ctx, _per_channel(sig, n, float), "hs_sigma")
+    fg = _float_channel_vec(ctx, _per_channel(g, n, float), "hs_g")
     nb, pb, bb = (tirx.const(float(v), F32) for v in gate_constants(b))
     z = int(qp.zero_point[0])
     vlo, vhi = tirx.const(float(lo - z), F32), tirx.const(float(hi - z), F32)
     zo = tirx.const(z, I32)
-    cpu = getattr(getattr(ctx.low, "spec", None), "family", None) in ("x86", "arm")
+    cpu = _is_cpu(ctx)
 
     def rq(acc, ch=None):
         ch = ch if ch is not None else tirx.const(0, I32)
@@ -146,11 +151,6 @@ def _hardswish_fn(ctx, a, out_type, channels: int | None):
         v = tirx.min(tirx.max(w * t, vlo), vhi)
         return cast(_round_half_even(v, cpu), I32) + zo
     return rq
-
-
-def _per_channel_f(vals, n: int) -> list[float]:
-    vals = [float(v) for v in vals]
-    return vals * n if len(vals) == 1 else vals
 
 
 def _float_channel_vec(ctx, vals: list[float], name: str):
@@ -200,8 +200,7 @@ def _hardswish_on_float_acc(ctx, a, out, w: np.ndarray, bias, z: int, acc_f) -> 
     fold_c is a float32 integer (|fold_c| <= 2^24): both operands exact, the add is rounded once,
     as the reference's conversion of the exact sum. Otherwise the int32 path of :func:`requantized`."""
     k = w.shape[0]
-    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
-        - z * w.astype(np.int64).reshape(k, -1).sum(axis=1)
+    fold = _folded_bias(w, bias, z)
     if np.abs(fold).max(initial=0) > 2 ** 24:
         return requantized(ctx, a, out, w, bias, z, lambda idx: cast(acc_f(idx), I32))
     ff = _float_channel_vec(ctx, [float(v) for v in fold], "qbias_f")
@@ -275,11 +274,16 @@ def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
     bias into a per-channel int64 ``k_c = fold_c·m_c + r_c``: the same speed, 4-6 more bytes of
     constant per channel (60 KB of rapidocr-det's int8 library)."""
     k = w.shape[0]
-    fold = (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
-        - z * w.astype(np.int64).reshape(k, -1).sum(axis=1)
-    fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
+    fb = _channel_vec(ctx, qdot.wrap_int32(_folded_bias(w, bias, z)), I32, "qbias")
     rq = requant_fn(ctx, a, out, k)
     return Lazy(out.shape, out.dtype, lambda idx: rq(_wrapping_add(acc_at(idx), fb(idx[1])), idx[1]))
+
+
+def _folded_bias(w: np.ndarray, bias, z: int) -> np.ndarray:
+    """``fold_c = bias_c - z·Σ w_c`` (int64): the bias with the activation zero point folded in."""
+    k = w.shape[0]
+    return (bias.astype(np.int64) if bias is not None else np.zeros(k, np.int64)) \
+        - z * w.astype(np.int64).reshape(k, -1).sum(axis=1)
 
 
 def _wrapping_add(x, y):
@@ -436,7 +440,7 @@ def quantize_linear(ctx, a, ins, outs):
         return [lut]
     lo, hi = INT_RANGES[qp.storage]
     fsc, fzp = _per_axis(ctx, qp, x.rank)
-    cpu = getattr(getattr(ctx.low, "spec", None), "family", None) in ("x86", "arm")
+    cpu = _is_cpu(ctx)
 
     def fn(idx):
         v = cast(x.at(idx), F32)
