@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _rpc_args(c, "with a budget and --layer-costs measure: time the per-layer int8/float kernels")
     c.add_argument("--export-qdq", default=None, metavar="FILE.onnx",
                    help="with --dtype int8: also write the quantized model as QDQ ONNX (ONNX Runtime, TensorRT)")
+    _qdq_weights_arg(c)
     c.add_argument("--tune", type=int, default=None, metavar="TRIALS",
                    help="x86: tune the float kernels (fp32/fp16 conv, pool, gemm, elementwise; not the int8 "
                         "dot-product or sparse ones) with MetaSchedule on this host: TRIALS measured schedules "
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and write the result as ONNX that ONNX Runtime can run.")
     _common_model_args(v)
     v.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="ONNX file to write")
+    _qdq_weights_arg(v)
 
     r = sub.add_parser("run", help="run a compiled artifact on inputs from .npy/.npz",
                        description="Run every sample of an input with a leading sample dimension through "
@@ -276,6 +278,15 @@ def load_model(args):
         from .passes import load_plugin
         load_plugin(plugin)
     return import_onnx(args.model, parse_input_shapes(args.input_shape) or None)
+
+
+def _qdq_weights_arg(p) -> None:
+    p.add_argument("--qdq-weights", choices=("int8", "uint8"), default="int8",
+                   help="conv/gemm weights of a QDQ model written by this command: int8 (default; TensorRT "
+                        "takes only these) or uint8 w+128 with zero point 128, the same real weights, for "
+                        "ONNX Runtime on x86 CPUs without VNNI (AVX2 only): its int8-weight kernels there "
+                        "add pairs of u8*s8 products in saturating int16 (ORT's 'reduce_range' issue), its "
+                        "uint8 ones are exact")
 
 
 def quantize_options(graph, args):
@@ -456,7 +467,7 @@ def cmd_convert(args, log) -> int:
     pm = run_pipeline(g, args, log) if _runs_passes(args) else None
     if is_quantized(g):
         from .quant.qdq_export import save_qdq
-        save_qdq(g, args.output)        # standard QDQ ONNX that ONNX Runtime and TensorRT accept
+        save_qdq(g, args.output, uint8_weights=args.qdq_weights == "uint8")   # ONNX Runtime, TensorRT
     else:
         save_onnx(g, args.output)
     log(f"wrote {args.output}: {len(g)} ops" + (f" after {', '.join(t.name for t in pm.timings)}" if pm else ""))
@@ -534,7 +545,7 @@ def _cmd_compile(args, log) -> int:
     pm = run_pipeline(g, args, log, evaluation)
     if args.export_qdq:
         from .quant.qdq_export import save_qdq
-        save_qdq(g, args.export_qdq)
+        save_qdq(g, args.export_qdq, uint8_weights=args.qdq_weights == "uint8")
         log(f"wrote {args.export_qdq} (QDQ ONNX of the quantized model)")
     from . import report_html
     from .quant import report

@@ -26,7 +26,10 @@ ORT side: the QDQ ONNX exported from ``model.qir`` (:func:`qcompiler.quant.qdq_e
 graph output, on the CPU execution provider with ORT's default graph optimization level
 (ORT_ENABLE_ALL: ORT fuses DQ -> op -> Q into its own integer kernels with a float requantization
 scale, which is what a user deploying the QDQ model gets; they may round a value that sits near .5
-the other way, hence 1 LSB).
+the other way, hence 1 LSB). The export writes conv/gemm weights as uint8 ``w + 128`` (the same
+reals): ORT's U8S8 kernels on x86 CPUs without VNNI (AVX2 only, e.g. AMD Zen 3) saturate pairs of
+products in int16 and were measured 53 LSB off the exact result; its U8U8 kernels are exact
+(``export_qdq(uint8_weights=True)``). A ``--qdq`` file is run as given.
 
 Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_OUTPUT_SHARE`): every compared layer alone within 1 LSB and
 at least 99.9 % of the elements of every final output within 1 LSB (a float output made by
@@ -306,7 +309,7 @@ def qdq_model(graph, qdq: str | Path | None, names: list[str]):
     import onnx
     if qdq is None:
         from .quant.qdq_export import export_qdq
-        model = export_qdq(graph)
+        model = export_qdq(graph, uint8_weights=True)      # ORT's exact U8U8 kernels on every CPU
     else:
         try:
             model = onnx.load(str(qdq))

@@ -57,6 +57,21 @@ def ort_session(model_or_path, threads: int = 0):
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
+def ort_int8_weights_exact() -> bool:
+    """Whether ONNX Runtime's U8S8 integer kernels are exact on this CPU: on x86 without VNNI
+    (AVX2 only, e.g. AMD Zen 3) they add pairs of u8*s8 products in a saturating int16
+    (``vpmaddubsw``), so a QDQ model with int8 weights can be tens of LSB off; with uint8 weights
+    (``export_qdq(uint8_weights=True)``) ORT is exact everywhere."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    try:
+        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return True
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 def assert_close_to_ort(label: str, got, refs, tol: float, top1: bool) -> None:
     """Each output within ``tol`` * max|ref| of ONNX Runtime's (printed), and, for a classifier on
     labelled data, the same top-1 class."""

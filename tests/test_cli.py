@@ -180,14 +180,23 @@ def test_quantize_without_calibration_data_is_refused(tmp_path, capsys):
     assert code == 2 and "quantization needs calibration data" in err and not out.exists()
 
 
-def test_convert_with_quantize_writes_qdq_that_onnxruntime_runs_accurately(tmp_path, capsys):
-    """Calibrate on 200 held-back images, evaluate the QDQ model in ORT on 500 others."""
+@pytest.mark.parametrize("weights", ["int8", "uint8"])
+def test_convert_with_quantize_writes_qdq_that_onnxruntime_runs_accurately(tmp_path, capsys, weights):
+    """Calibrate on 200 held-back images, evaluate the QDQ model in ORT on 500 others. int8 weights
+    (the default) only where ORT's U8S8 kernels are exact (measured on a Zen 3, AVX2 without VNNI:
+    93.4 % against fp32's 95.0 %, from int16 saturation); ``--qdq-weights uint8`` everywhere."""
+    if weights == "int8" and not rm.ort_int8_weights_exact():
+        pytest.skip("ONNX Runtime's int8-weight kernels saturate on this CPU (x86 without VNNI); "
+                    "the uint8 case covers it")
     out = tmp_path / "fashion_qdq.onnx"
     code, _, err = run(capsys, "convert", FASHION, "-o", str(out), "--passes", "default,quantize",
-                       "--calib", FASHION_DATA, "--calib-samples", "200", "-q")
+                       "--calib", FASHION_DATA, "--calib-samples", "200", "--qdq-weights", weights, "-q")
     assert code == 0, err
-    kinds = {n.op_type for n in onnx.load(str(out)).graph.node}
+    model = onnx.load(str(out))
+    kinds = {n.op_type for n in model.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= kinds
+    conv_w = [t for t in model.graph.initializer if len(t.dims) == 4]
+    assert conv_w and all(t.data_type == getattr(onnx.TensorProto, weights.upper()) for t in conv_w)
     d = np.load(FASHION_DATA)
     x, y = d["x"][500:], d["y"][500:]
     ref_sess, q_sess = rm.ort_session(FASHION), rm.ort_session(str(out))

@@ -9,8 +9,10 @@ Two exact formulations of ``C[i] += Σ_k A[k] · B[i, k]`` (int32 accumulators, 
   the kernels fold the zero point as ``Σ x w − z_x Σ w``, exact modulo 2^32 for the true result.
   Intel SDM vol. 2, VPDPBUSD; the LLVM >= 21 intrinsic takes <4L x i8> operands (TVM 0.27's own
   ``dot_16x4_vnni`` still passes <16 x i32> and fails LLVM 22's verifier).
-* **pmaddwd** (AVX2 without VNNI, e.g. AMD Zen 3; or AVX-512BW without VNNI): A is 2 int16, B is
-  L x 2 int16 (the uint8/int8 values widened at packing time); ``vpmaddwd`` forms the two
+* **pmaddwd** (AVX2 without VNNI, e.g. AMD Zen 3; or AVX-512BW without VNNI): A is 2 int16 (the
+  uint8/int8 activations widened at packing time), B is L x 2 int8 weights, stored as int8 in the
+  artifact and sign-extended to int16 as they are loaded (``vpmovsxbw`` with a memory operand;
+  stored as int16 they doubled the weight bytes of an AVX2 artifact); ``vpmaddwd`` forms the two
   products in int32 and adds them, exactly (|2·255·128| < 2^31), then ``vpaddd``. The 8-bit
   ``vpmaddubsw`` route is not used: it saturates the pair sum to int16 (255·127·2 > 32767), which
   would change results unless weights were limited to 7 bits.
@@ -52,7 +54,7 @@ class DotIsa:
 
     @property
     def b_dtype(self) -> str:
-        return "int16" if self.kind == "pmaddwd" else "int8"
+        return "int8"            # pmaddwd: stored int8, sign-extended to int16 as it is loaded
 
     def lanes_for(self, n: int) -> int:
         """The widest lane count (lanes, lanes/2, lanes/4 >= 4) dividing ``n``, or 0."""
@@ -140,9 +142,10 @@ def dot_desc(k: int, lanes: int, adt: str, bdt: str, scope: str):
 
 def _make(kind: str, lanes: int, scope: str):
     k = 4 if kind == "vnni" else 2
-    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int16")
+    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int8")
     word = lanes * k                       # elements in one B register
     a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
+    w_vec = f"int16x{word}"                # pmaddwd's B register: the int8 weights sign-extended
     desc = dot_desc(k, lanes, adt, bdt, scope)
 
     if kind == "vnni":
@@ -169,8 +172,8 @@ def _make(kind: str, lanes: int, scope: str):
                 a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
                 C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(_PMADDWD_LLVM[lanes]),
-                    T.reinterpret(T.broadcast(a32, lanes), dtype=b_vec),
-                    B.vload([0, 0], dtype=b_vec), dtype=c_vec)
+                    T.reinterpret(T.broadcast(a32, lanes), dtype=w_vec),
+                    T.cast(B.vload([0, 0], dtype=b_vec), w_vec), dtype=c_vec)
     return desc, impl
 
 

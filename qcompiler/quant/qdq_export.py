@@ -60,22 +60,26 @@ _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearA
 _DROP = ("multiplier", "shift", "hardswish")
 
 
-def export_qdq(graph: Graph, *, float_bias: bool = False) -> onnx.ModelProto:
+def export_qdq(graph: Graph, *, float_bias: bool = False, uint8_weights: bool = False) -> onnx.ModelProto:
     """``float_bias``: biases as float initializers (b_q * s_x * s_w) instead of int32 + DQ, as
-    TensorRT wants (with ``symmetric_activations`` int8 params from the quantize pass)."""
-    g = to_qdq_graph(graph, float_bias=float_bias)
+    TensorRT wants (with ``symmetric_activations`` int8 params from the quantize pass).
+    ``uint8_weights``: the int8 weights of a conv/gemm with a uint8 input written as uint8 ``w + 128``
+    with zero point ``z_w + 128`` (the same real weights), so that ONNX Runtime runs its exact
+    U8U8 kernels (see :func:`to_qdq_graph`); ``qcompile verify`` exports with it."""
+    g = to_qdq_graph(graph, float_bias=float_bias, uint8_weights=uint8_weights)
     model = export_onnx(g)
     if not float_bias:
         keep_islands_float(model, g)
     return model
 
 
-def save_qdq(graph: Graph, path: "str | os.PathLike", *, float_bias: bool = False) -> None:
+def save_qdq(graph: Graph, path: "str | os.PathLike", *, float_bias: bool = False,
+             uint8_weights: bool = False) -> None:
     """Export ``graph`` as QDQ ONNX and write it to ``path`` atomically (as save_onnx does)."""
     if float_bias:
-        save_onnx(to_qdq_graph(graph, float_bias=float_bias), path)
+        save_onnx(to_qdq_graph(graph, float_bias=float_bias, uint8_weights=uint8_weights), path)
         return
-    write_model(export_qdq(graph), path)
+    write_model(export_qdq(graph, uint8_weights=uint8_weights), path)
 
 
 _WEIGHT_QUANTIZED_BY_ORT = ("Conv", "ConvTranspose", "Gemm")
@@ -125,14 +129,38 @@ def keep_islands_float(model: onnx.ModelProto, graph: Graph) -> int:
     return done
 
 
-def to_qdq_graph(graph: Graph, *, float_bias: bool = False) -> Graph:
-    """A copy of ``graph`` with every integer op expanded to DQ -> float op -> Q."""
+def to_qdq_graph(graph: Graph, *, float_bias: bool = False, uint8_weights: bool = False) -> Graph:
+    """A copy of ``graph`` with every integer op expanded to DQ -> float op -> Q.
+
+    ``uint8_weights``: ONNX Runtime's U8S8 integer GEMM on x86 CPUs with AVX2 but without VNNI
+    (AMD Zen 1-3, Intel before Ice Lake / Alder Lake) multiplies with ``vpmaddubsw``, which adds
+    two u8·s8 products into a *saturating* int16 (255·127·2 > 32767), so its QLinearConv can be
+    tens of LSB off the exact result (measured on a Zen 3 with ORT 1.32: 53 LSB on a rapidocr-cls
+    1x1 conv; ORT's quantization guide names the issue and suggests ``reduce_range``). Its U8U8
+    kernels widen to int16 and use ``vpmaddwd``, which is exact. ``w + 128`` with zero point
+    ``z + 128`` dequantizes to the same reals, so the QDQ model means the same and ORT computes it
+    exactly on every CPU."""
     g = graph.clone()
     for op in g.ops:
         if op.kind in _FLOAT_FORM and op.results and op.result.type.quant is not None:
+            if uint8_weights and op.kind in ("QLinearConv", "QLinearGemm"):
+                _weights_as_uint8(g, op)
             _expand(g, op, float_bias)
     g.remove_unused_consts()
     return g
+
+
+def _weights_as_uint8(g: Graph, op: Op) -> None:
+    """Replace ``op``'s int8 weight constant by uint8 ``w + 128`` with zero points ``z + 128``
+    (only where the activation is uint8: ONNX Runtime has no s8 x u8 kernel)."""
+    x, w = op.operands[0], op.operands[1]
+    qw = w.type.quant
+    if x.dtype != "uint8" or not w.is_const or qw is None or qw.storage != "int8":
+        return
+    from ..ir.types import QuantParams
+    data = (w.data.astype(np.int16) + 128).astype(np.uint8)
+    qp = QuantParams("uint8", qw.scale, tuple(z + 128 for z in qw.zero_point), qw.axis, qw.expressed)
+    op.set_operand(1, g.add_const(data, w.name + "_u8", quant=qp))
 
 
 def _dq(g: Graph, v: Value, anchor: Op, float_bias: bool = False) -> Value:

@@ -114,7 +114,7 @@ def test_reference_close_to_float_and_equal_to_onnxruntime_qdq():
     got = reference.run(q, {"x": x})[0]
     assert sqnr_db(want, got) > 30
     import onnxruntime as ort
-    sess = ort.InferenceSession(export_qdq(q).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(export_qdq(q, uint8_weights=True).SerializeToString(), providers=["CPUExecutionProvider"])
     ort_out = np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
     assert np.abs(ort_out - got).max() <= 0.03 * 1.01          # within 1 LSB of the logits, after Softmax
 
@@ -161,7 +161,7 @@ def test_squeeze_excite_mul_becomes_qlinearmul():
     sm = mul.result.type.quant.scale[0]
     assert np.abs(got - want).max() <= 2 * (sm + 4 * gq.scale[0] / 2)        # |k| <= 2
     import onnxruntime as ort
-    sess = ort.InferenceSession(export_qdq(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(export_qdq(g, uint8_weights=True).SerializeToString(), providers=["CPUExecutionProvider"])
     ort_out = np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(6)])
     assert np.abs(ort_out - got).max() <= 2 * sm * 1.01
 

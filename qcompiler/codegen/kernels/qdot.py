@@ -14,7 +14,8 @@ Operands, packed so that one group is one 32-bit word and one weight tile one ve
   activation x is stored as ``x ^ 0x80 = x + 128`` (mod 256) and its zero point becomes z + 128,
   so that ``Σ (x - z) w`` is unchanged. sdot reads int8, the mirror image: a uint8 activation
   x is stored as ``x ^ 0x80 = x - 128`` (as int8) and its zero point becomes z - 128. The
-  pmaddwd path stores the values widened to int16. An input already in the A operand type
+  pmaddwd path stores the activations widened to int16 (its weights stay int8 and are widened
+  as they are loaded: :mod:`..intrin_x86`). An input already in the A operand type
   (uint8 for VNNI, int8 for sdot), blocked by a multiple of 4 channels, with no padding, is read
   in place.
 * weights (K'/bo, C'/g/bi, R, S, bi/q, bo, q), packed at compile time: ``bo`` output channels
