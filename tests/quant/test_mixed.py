@@ -42,29 +42,22 @@ def test_keep_float_forms():
         mixed.resolve_keep_float(g, ["g33"])
 
 
-RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
-  %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
-  %b = const dense<[0.5, -0.25]> : tensor<2xf32>
-  %y = FusedConv(%x, %w, %b, %z) {activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x4x4xf32> loc("conv")
-  return %y
-}"""
-
-
 def test_keep_float_names_the_parts_of_a_split_residual_conv():
-    """The quantize pass splits FusedConv(X, W, B, Z){Relu} into conv, conv_add, conv_relu, and the
-    selection and the report name those parts; --keep-float takes them before the split: the add
-    and the relu stay float, the conv becomes QLinearConv."""
+    """The quantize pass splits FusedConv(X, W, B, Z){HardSwish} into conv, conv_add, conv_hardswish,
+    and the selection and the report name those parts; --keep-float takes them before the split:
+    the add and the HardSwish stay float, the conv becomes QLinearConv."""
     from qcompiler.ir import parse_graph
     from qcompiler.passes import PassContext, PassManager
+    from test_quantize import RESIDUAL
     g = parse_graph(RESIDUAL)
-    keep = mixed.resolve_keep_float(g, ["conv_add", "conv_relu"])
-    assert keep == {"conv_add", "conv_relu"}
+    keep = mixed.resolve_keep_float(g, ["conv_add", "conv_hardswish"])
+    assert keep == {"conv_add", "conv_hardswish"}
     with pytest.raises(UserError, match="names no op"):
         mixed.resolve_keep_float(g, ["conv_sigmoid"])
     opts = QuantizeOptions(ranges={"x": (-1, 1), "z": (-2, 2), "y_acc": (-3, 3)}, keep_float=keep)
     PassManager("quantize", ctx=PassContext(options={"quantize": opts})).run(g)
     by_name = {op.name: op.kind for op in g.ops}
-    assert by_name["conv"] == "QLinearConv" and by_name["conv_add"] == "Add" and by_name["conv_relu"] == "Relu"
+    assert by_name["conv"] == "QLinearConv" and by_name["conv_add"] == "Add" and by_name["conv_hardswish"] == "HardSwish"
 
 
 def test_force_int8_checks():
