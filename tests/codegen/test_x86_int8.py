@@ -167,6 +167,35 @@ def _gemm_exact(storage, m, k, n, spec):
     check_exact(g, {"a": qin(qa, (m, k))}, f"QLinearGemm {storage} {m}x{k}x{n}", spec)
 
 
+@pytest.mark.parametrize("shifts", [(33, 34, 36, 38, 40, 44, 55, 62), (32, 33, 36, 38, 40, 44, 55, 62)])
+def test_requantization_shift_edges_bit_exact(shifts):
+    """The x86 epilogue computes ``(acc·m + r) >> s`` as a logical shift of ``acc·m + r + 2^62``
+    and clamps in int32 when every s is in [33, 62] (``kernels.quant._narrow_shift_ok``), else
+    (one s = 32) in int64: both equal the reference at the edges: s = 33 and 62, m = 2^31 - 1 and
+    2^30, accumulators of both signs up to 256·138·128 ≈ 2^22, outputs clamped at 0 and 255 and
+    in between."""
+    from qcompiler.codegen.kernels.quant import _narrow_shift_ok
+    n, k = len(shifts), 256
+    ms = [2 ** 31 - 1, 2 ** 30, 1_500_000_000, 2 ** 31 - 2, 1_073_741_825, 2 ** 30 + 12345, 2_000_000_000, 1_234_567_890]
+    assert _narrow_shift_ok({"multiplier": ms, "shift": list(shifts)}, n) == (min(shifts) >= 33)
+    g = Graph("q")
+    a = g.add_input("a", TensorType((6, k), "uint8", U8))
+    w = np.tile(np.array([127, -128, 127, -128, 1, -1, 127, -128], np.int8)[:, None], (1, k))
+    w[4:6, ::3] = 100                                          # mixed signs: mid-range sums
+    ws = (0.005,) * n
+    wq = g.add_const(w, "w", QuantParams("int8", ws, (0,) * n, axis=0))
+    bq = g.add_const(np.array([0, 5, -7, 900, -900, 3, 1, -1], np.int32), "b",
+                     QuantParams("int32", tuple(float(np.float32(0.02) * np.float32(v)) for v in ws), (0,) * n, axis=0))
+    qo = QuantParams("uint8", (0.04,), (10,))
+    g.outputs = [g.create_op("QLinearGemm", [a, wq, bq], {"multiplier": ms, "shift": list(shifts)},
+                             result_types=[TensorType((6, n), "uint8", qo)]).result]
+    x = np.where(RNG.random((6, k)) < 0.5, 0, 255).astype(np.uint8)
+    x[0], x[1], x[2] = 255, 0, 117                               # a - z_a: +138, -117, 0 everywhere
+    want = reference.run(g, {"a": x})[0]
+    assert want.min() == 0 and want.max() == 255 and ((want > 0) & (want < 255)).any()
+    check_exact(g, {"a": x}, f"shifts {shifts}")
+
+
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
 def test_qlinearadd_broadcast_requantize_bit_exact(storage):
     g = Graph("q")
