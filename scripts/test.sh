@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 . .venv/bin/activate
-exec python -m pytest -q "$@"
+# two workers, each test file on one of them (module fixtures run once): 9.6 min against 13.5 serial
+# on a 2-core Zen 3 (2026-11-23)
+exec python -m pytest -q -n 2 --dist loadfile "$@"
