@@ -63,11 +63,10 @@ def ort_int8_weights_exact() -> bool:
     (``vpmaddubsw``), so a QDQ model with int8 weights can be tens of LSB off; with uint8 weights
     (``export_qdq(uint8_weights=True)``) ORT is exact everywhere."""
     import platform
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return True
-    try:
-        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
-    except (OSError, StopIteration):
+
+    from qcompiler.runtime.device import cpu_flags
+    flags = cpu_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64") or flags is None:
         return True
     return "avx512_vnni" in flags or "avx_vnni" in flags
 

@@ -149,15 +149,34 @@ def _kept_float(op: Op, opts: QuantizeOptions) -> bool:
     return op.kind in opts.keep_float or op.name in opts.keep_float
 
 
+def _splits(op: Op, opts: QuantizeOptions) -> bool:
+    """Whether :func:`_prepare` splits ``op``: a FusedConv/FusedGemm that becomes integer and has a
+    residual operand or an activation that is neither folded into the clamp nor a fused HardSwish."""
+    if op.kind not in ("FusedConv", "FusedGemm") or _kept_float(op, opts) or _decline(op) is not None:
+        return False
+    act = op.attrs.get("activation", "")
+    return len(op.operands) == 4 or not (act in QUANT_ACTIVATIONS or _fuses_hardswish(act, opts))
+
+
+def split_names(graph: Graph, opts: QuantizeOptions) -> set[str]:
+    """The names :func:`_prepare` gives the ops it splits off (``NAME_add``, ``NAME_<activation>``),
+    which the selection and the report print; ``--keep-float`` accepts them before the split."""
+    out = set()
+    for op in graph.ops:
+        if _splits(op, opts):
+            act = op.attrs.get("activation", "")
+            out |= {op.name + "_add"} if len(op.operands) == 4 else set()
+            out |= {op.name + "_" + act.lower()} if act else set()
+    return out
+
+
 def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
     """Split residual adds and non-foldable activations off FusedConv/FusedGemm."""
     for op in graph.ops:
-        if op.kind not in ("FusedConv", "FusedGemm") or _kept_float(op, opts) or _decline(op) is not None:
+        if not _splits(op, opts):
             continue
         act, params = op.attrs.get("activation", ""), list(op.attrs.get("activation_params") or [])
         z = op.operands[3] if len(op.operands) == 4 else None
-        if z is None and (act in QUANT_ACTIVATIONS or _fuses_hardswish(act, opts)):
-            continue
         r, name, rname = op.result, op.name, op.result.name
         keep = act if z is None and act in QUANT_ACTIVATIONS else ""
         base = graph.create_op(op.kind, op.operands[:3], {**op.attrs, "activation": keep, "activation_params":

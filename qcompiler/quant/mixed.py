@@ -74,26 +74,13 @@ class Request:
                             "--budget-confidence", "give e.g. 0.95 (the default), or 0 for the point estimate")
 
 
-def split_names(graph: Graph) -> set[str]:
-    """The names the quantize pass's preparation gives the parts of a FusedConv/FusedGemm it splits
-    (``NAME_add`` for the residual add, ``NAME_<activation>``), which the selection and the report
-    print: ``--keep-float`` accepts them before that split has happened."""
-    out = set()
-    for op in graph.ops:
-        if op.kind in ("FusedConv", "FusedGemm"):
-            if len(op.operands) == 4:
-                out.add(op.name + "_add")
-            if op.attrs.get("activation"):
-                out.add(op.name + "_" + op.attrs["activation"].lower())
-    return out
-
-
 def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
     """``--keep-float`` entries as the quantize pass's keep_float: names stay names, ``op:TYPE`` and
     bare types become the type and its fused form (op:Conv: Conv and FusedConv, as the float
     pipeline fuses Conv+Relu), or, when a forced op has that type, the names of its other ops."""
     from ..ir.ops import REGISTRY
-    names = {op.name for op in graph.ops} | split_names(graph)
+    from ..passes.quantize import QuantizeOptions, split_names
+    names = {op.name for op in graph.ops} | split_names(graph, QuantizeOptions())   # the parts it splits off
     kinds = {op.kind for op in graph.ops}
     out: set[str] = set()
     forced = set(force_int8)

@@ -49,7 +49,7 @@ from onnx import numpy_helper
 from ..frontend.onnx_export import export_onnx, save_onnx, write_model
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
-from ..ir.types import TensorType
+from ..ir.types import QuantParams, TensorType
 from ..passes._common import make_activation
 from .qparams import dequantize
 
@@ -157,7 +157,6 @@ def _weights_as_uint8(g: Graph, op: Op) -> None:
     qw = w.type.quant
     if x.dtype != "uint8" or not w.is_const or qw is None or qw.storage != "int8":
         return
-    from ..ir.types import QuantParams
     data = (w.data.astype(np.int16) + 128).astype(np.uint8)
     qp = QuantParams("uint8", qw.scale, tuple(z + 128 for z in qw.zero_point), qw.axis, qw.expressed)
     op.set_operand(1, g.add_const(data, w.name + "_u8", quant=qp))
