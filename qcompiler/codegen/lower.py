@@ -123,6 +123,7 @@ from .kernels import quant as kquant
 from .kernels import reduce as kred
 from .kernels import shape as kshape
 from .kernels import sparse as ksparse
+from .kernels import sparse_shared as kshared
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
 from .schedules import cuda_wmma
 from .schedules import x86 as sched_x86
@@ -245,6 +246,7 @@ class _Lowering:
         self.consts: dict[tuple[int, str], relax.Expr] = {}
         self.kernels: list[str] = []
         self.cache: dict[int, list] = {}
+        self.shared: dict = {}
         self.calls: list[tuple[Value, relax.Var, relax.Call]] = []    # (root, var, call) in emission order
         self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
 
@@ -280,6 +282,11 @@ class _Lowering:
         alias = self._alias(members, root, sdt)
         if alias is not None:
             self.stored[root] = alias
+            return
+        shared = kshared.plan(self, g, members, self.stored, self.storage_dtype,
+                              lambda: self._root_block(g, KernelCtx(self), root))
+        if shared is not None:
+            self._emit_shared(bb, root, shared)
             return
         env: dict[Value, LTensor] = {}
         ctx = KernelCtx(self)
@@ -333,6 +340,23 @@ class _Lowering:
         gv = self._add_kernel(bb, func, ctx.sched, (g.anchor or root.producer).kind.lower())
         call = relax.call_tir(gv, [e for _, e in ctx.params], relax.TensorType(phys, sdt))
         self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, block)
+        self.calls.append((root, self.stored[root].expr, call))
+
+    def _emit_shared(self, bb: relax.BlockBuilder, root: Value, p) -> None:
+        """A call of the shape-generic sparse kernel (:mod:`.kernels.sparse_shared`) for ``p``'s
+        key, built once per key and shared by every layer of that key."""
+        gv = self.shared.get(p.key)
+        if gv is None:
+            name = f"k{len(self.kernels)}_sparse_shared"
+            self.kernels.append(name)
+            gv = bb.add_func(kshared.build(p.key).without_attr("global_symbol"), name)
+            self.shared[p.key] = gv
+        sdt = p.key.out_dtype
+        shape = tuple(root.shape)
+        blk = p.out_block
+        phys = (shape[0], shape[1] // blk, shape[2], shape[3], blk) if blk else shape
+        call = relax.call_tir(gv, kshared.relax_args(p, self.stored), relax.TensorType(phys, sdt))
+        self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, blk)
         self.calls.append((root, self.stored[root].expr, call))
 
     def _add_kernel(self, bb: relax.BlockBuilder, func, sched, hint: str) -> relax.GlobalVar:

@@ -1,0 +1,264 @@
+"""One shape-generic sparse int8 pointwise-conv kernel shared by every layer that fits it, for
+``--sparse-objective size``.
+
+Why: a per-layer kernel costs 1.5-3 KB of machine code, as much as the weights of a 100 K-parameter
+model's pointwise conv after pruning; on the Fashion-MNIST MobileNet the per-layer sparse kernels'
+code alone kept the int8 artifact above 0.7x of the dense one at 90 % sparsity. Sparse libraries
+are shape-generic for that reason (the CSR arrays carry N, the row lengths and the columns; the
+kernel reads them at run time): here one PrimFunc with symbolic shapes serves every CSR-encoded
+QLinearConv with a 1x1 kernel, unit strides, no padding and one group (the expand and project
+convs of MobileNet blocks), with or without a fused residual QLinearAdd, for each combination of
+storage dtypes and layouts. The layer's numbers (zero points, clamps, the residual add's
+multipliers and shift) are a small int64 argument ``sc``; the per-channel folded bias, multiplier
+and shift are arguments, as in the per-layer kernels.
+
+The computation is that of :func:`.sparse.qconv2d` + :func:`.quant.requantized` (+ :func:`.quant.qadd`),
+term for term, so the results are bit-exact with the dense and the per-layer sparse kernels::
+
+    X[b, k, p]   = int16(x[b, k, p])                       p = h·W + w (1x1, unit stride: no im2col)
+    acc[b, n, p] = Σ_{e in row n} int32(int16(values[e]) · X[b, col[e], p])      (exact, wraps mod 2^32)
+    y1 = clamp(z1 + ((int64(acc + fold_n) · m_n + r_n) >> s_n), lo1, hi1)     r = 2^(s-1), 0 if s = 0
+    residual:  y = clamp(z2 + (((y1 - zc)·mc + (res - zr)·mr + r2) >> s2), lo2, hi2)
+
+(the int64 arithmetic-shift form of the requantization; the x86 per-layer kernels may use the
+equivalent narrow form of :func:`.quant._narrow_shift_ok`, exact both). Loop nest: X re-laid out
+as int16 tiles of ``TILE`` columns (columns >= P repeat column P-1); ``parallel for (b, tile,
+row n)`` → ``for e in row n`` → ``vectorized for t < TILE``: ``acc[t] += values[e]·X[col(e), tile·TILE + t]``
+(tiles outside rows, so threads share an X tile, as :mod:`.sparse`); the epilogue a parallel loop
+over the output. Symbolic extents cost some speed against the per-layer kernels (no constant trip
+counts to unroll or vectorize the epilogue with), which is why only the size objective uses it.
+
+Reference: Gale et al., "Sparse GPU Kernels for Deep Learning" (SC 2020) and XNNPACK's sparse
+microkernels: row-wise SpMM over a dense operand whose columns are vectorized, shape-generic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax, te, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from ...quant.requant import activation_clamp
+from ...sparse import format as sfmt
+from . import qdot
+from .tensor import cast
+
+I16, I32, I64 = "int16", "int32", "int64"
+TILE = 16                      # columns of X per tile: the int32 accumulators of one row (2 ymm, 4 q regs)
+CONV_KINDS = ("QLinearConv",)
+ADD_KIND = "QLinearAdd"
+
+
+@dataclass(frozen=True)
+class Key:
+    """What the shared PrimFunc is specialized on (everything else is an argument)."""
+    x_dtype: str
+    out_dtype: str
+    col_dtype: str
+    ptr_dtype: str
+    residual: str | None       # the residual operand's storage dtype (stored in the output's layout)
+    x_rank: int = 5            # 5: NCHW{b}c, 4: plain NCHW (the buffers' ranks; the code is the same)
+    out_rank: int = 5
+
+
+@dataclass
+class Plan:
+    key: Key
+    x: object                  # the conv's input Value
+    res: object | None         # the residual operand Value
+    arrays: list               # numpy constants: row_ptr, col_idx, values, bias, m, s, sc
+    out_block: int
+
+
+def _entry(graph, op) -> dict:
+    meta = graph.meta.get("sparsity") or {}
+    layers = meta.get("layers") if isinstance(meta, dict) else None
+    e = layers.get(op.name) if isinstance(layers, dict) else None
+    return e if isinstance(e, dict) else {}
+
+
+def wanted(graph, op) -> bool:
+    """Whether ``encode-sparse`` chose CSR for ``op`` under the size objective."""
+    enc = _entry(graph, op).get("encoding") or {}
+    return op.kind in CONV_KINDS and enc.get("format") == "csr" and enc.get("objective") == "size"
+
+
+def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
+    """A :class:`Plan` when group ``g`` (``members`` in order) is a CSR pointwise QLinearConv under
+    the size objective, optionally followed by a residual QLinearAdd, on the CPU; else None."""
+    from ...ir import REGISTRY
+    from .quant import _folded_bias, _per_channel
+    if low.spec.family not in ("x86", "arm") or not members or not wanted(low.graph, members[0]):
+        return None
+    conv = members[0]
+    if len(members) > 2 or (len(members) == 2 and members[1].kind != ADD_KIND):
+        return None
+    a = {**REGISTRY[conv.kind].defaults, **conv.attrs}
+    x = conv.operands[0]
+    w = conv.operands[1].data if conv.operands[1].is_const else None
+    if x not in stored or w is None or w.dtype != np.int8 or w.ndim != 4 or w.shape[2:] != (1, 1):
+        return None
+    if x.dtype not in ("uint8", "int8") or len(x.shape) != 4 or x.shape[0] < 1:
+        return None
+    if any(int(v) != 1 for v in a.get("strides") or (1, 1)) or any(int(v) for v in a.get("pads") or ()):
+        return None
+    if int(a.get("group", 1) or 1) != 1 or w.shape[1] != x.shape[1]:
+        return None
+    if (a.get("activation") or "") not in ("", "Relu", "Clip"):
+        return None                                  # HardSwish: the float epilogue (per-layer kernel)
+    n = w.shape[0]
+    m, s = np.asarray(_per_channel(a["multiplier"], n), np.int64), np.asarray(_per_channel(a["shift"], n), np.int64)
+    if m.min() < -2 ** 31 or m.max() >= 2 ** 31 or s.min() < 0 or s.max() > 62:
+        return None
+    y1 = conv.results[0]
+    q1 = y1.type.quant
+    if q1 is None or len(q1.zero_point) != 1:
+        return None
+    lo1, hi1 = activation_clamp(a.get("activation", "") or "", a.get("activation_params") or [], q1)
+    zx = int(conv.operands[0].type.quant.zero_point[0])
+    bias = conv.operands[2].data if len(conv.operands) > 2 and conv.operands[2] is not None \
+        and conv.operands[2].is_const else None
+    fold = qdot.wrap_int32(_folded_bias(w, bias, zx))
+    enc = sfmt.encode(w.reshape(n, -1), "csr")
+    ptr = enc.row_ptr.astype(np.uint16) if enc.row_ptr[-1] <= np.iinfo(np.uint16).max else enc.row_ptr
+    sc = [int(q1.zero_point[0]), lo1, hi1]
+    res = None
+    root = y1
+    if len(members) == 2:
+        add = members[1]
+        aa = {**REGISTRY[add.kind].defaults, **add.attrs}
+        ops = list(add.operands)
+        if len(ops) != 2 or sum(v is y1 for v in ops) != 1 or (aa.get("activation") or "") not in ("", "Relu", "Clip"):
+            return None
+        ci = 0 if ops[0] is y1 else 1
+        res = ops[1 - ci]
+        if res not in stored or tuple(res.shape) != tuple(y1.shape) or len(aa["multiplier"]) != 2:
+            return None
+        root = add.results[0]
+        q2 = root.type.quant
+        if q2 is None or len(q2.zero_point) != 1 or len(aa["shift"]) != 1 or not 0 <= int(aa["shift"][0]) <= 62:
+            return None
+        lo2, hi2 = activation_clamp(aa.get("activation", "") or "", aa.get("activation_params") or [], q2)
+        zs = [int(v.type.quant.zero_point[0]) for v in ops]
+        mm = [int(v) for v in aa["multiplier"]]
+        sc += [zs[ci], mm[ci], zs[1 - ci], mm[1 - ci], int(aa["shift"][0]), int(q2.zero_point[0]), lo2, hi2]
+    if root not in set(r for op in members for r in op.results) or root is not g.root:
+        return None
+    sdt = storage_dtype(root)
+    if sdt not in ("uint8", "int8") or tuple(root.shape) != (x.shape[0], n, *x.shape[2:]):
+        return None
+    xs = stored[x]
+    blk = root_block()
+    if res is not None:
+        rs = stored[res]
+        if (rs.block or 0) != blk or rs.dtype not in ("uint8", "int8"):
+            return None
+    if xs.dtype != x.dtype or (blk and n % blk):
+        return None
+    cbi, cbo = xs.block or 1, blk or 1
+    c, hw = x.shape[1], int(np.prod(x.shape[2:]))
+    if c % cbi:
+        return None
+    key = Key(x.dtype, sdt, str(enc.col_idx.dtype), str(ptr.dtype),
+              stored[res].dtype if res is not None else None, len(xs.phys), 5 if blk else 4)
+    arrays = [ptr, enc.col_idx, enc.values.astype(np.int8), fold, m.astype(np.int32), s.astype(np.int8),
+              np.asarray(sc, np.int64)]
+    return Plan(key, x, res, arrays, blk)
+
+
+def _flat(buf):
+    """A 1-D view of ``buf``'s data (the kernel computes flat offsets itself)."""
+    n = 1
+    for d in buf.shape:
+        n = n * d
+    return T.decl_buffer((n,), buf.dtype, data=buf.data)
+
+
+def build(key: Key):
+    """The shared PrimFunc for ``key``: x, the residual and the output have symbolic dims of
+    their rank (``key.x_rank``/``out_rank``: NCHW{b}c or plain NCHW) and are read through 1-D views
+    by flat offsets; a plain tensor is the blocked form with b = 1 (the offsets coincide), so the
+    loop code is the same for every rank key."""
+    n_ptr, nnz, n_ch, n_sc = (tirx.Var(v, I32) for v in ("n_ptr", "nnz", "n_ch", "n_sc"))
+    x = te.placeholder(tuple(tirx.Var(f"x{i}", I32) for i in range(key.x_rank)), key.x_dtype, name="x")
+    y_shape = tuple(tirx.Var(f"y{i}", I32) for i in range(key.out_rank))
+    rp = te.placeholder((n_ptr,), key.ptr_dtype, name="sp_row_ptr")
+    ci = te.placeholder((nnz,), key.col_dtype, name="sp_col_idx")
+    vals = te.placeholder((nnz,), "int8", name="sp_values")
+    fold = te.placeholder((n_ch,), I32, name="qbias")
+    mul = te.placeholder((n_ch,), I32, name="rq_m")
+    sh = te.placeholder((n_ch,), "int8", name="rq_s")
+    sc = te.placeholder((n_sc,), I64, name="sc")
+    ins = [x, rp, ci, vals, fold, mul, sh, sc]
+    if key.residual:
+        ins.append(te.placeholder(y_shape, key.residual, name="res"))
+    one, zero = tirx.const(1, I64), tirx.const(0, I64)
+
+    def rq(v, s, z, lo, hi):
+        rnd = tirx.Select(s > zero, tirx.shift_left(one, s - one), zero)
+        return tirx.max(tirx.min(tirx.shift_right(v + rnd, s) + z, hi), lo)
+
+    def body(bufs, outs):
+        xb, rpb, cib, vb, fb, mb, sb, scb = bufs[:8]
+        resb = bufs[8] if key.residual else None
+        (yb,) = outs
+        xs, ys = list(xb.shape), list(yb.shape)
+        nb, c_o, hw = xs[0], xs[1], xs[2] * xs[3]
+        cbi = xs[4] if key.x_rank == 5 else 1
+        n_o = ys[1]
+        cbo = ys[4] if key.out_rank == 5 else 1
+        nrows = n_o * cbo
+        k = c_o * cbi
+        ntile = (hw + (TILE - 1)) // TILE
+        with IRBuilder() as ib:
+            with T.serial(0, 1):                     # a frame for the shared allocations
+                xb = _flat(xb)
+                yb = _flat(yb)
+                resb = _flat(resb) if resb is not None else None
+                xcol = T.alloc_buffer((nb * ntile * k * TILE,), I16)
+                acc_all = T.alloc_buffer((nb * nrows * ntile * TILE,), I32)
+                with T.parallel(0, nb * k) as q:          # X: int16 tiles of TILE columns
+                    b, kk = q // k, q % k
+                    base = ((b * c_o + kk // cbi) * hw) * cbi + kk % cbi
+                    with T.serial(0, ntile * TILE) as p:
+                        src = base + tirx.min(p, hw - 1) * cbi
+                        T.buffer_store(xcol, cast(xb[src], I16), [((b * ntile + p // TILE) * k + kk) * TILE + p % TILE])
+                with T.parallel(0, nb * ntile * nrows) as q:   # rows of W against one X tile
+                    b, t, r = q // (ntile * nrows), (q // nrows) % ntile, q % nrows
+                    acc = T.alloc_buffer((TILE,), I32, scope="local")
+                    with T.vectorized(0, TILE) as i:
+                        T.buffer_store(acc, tirx.const(0, I32), [i])
+                    with T.serial(cast(rpb[r], I32), cast(rpb[r + 1], I32)) as e:
+                        wv = cast(vb[e], I16)
+                        row = ((b * ntile + t) * k + cast(cib[e], I32)) * TILE
+                        with T.vectorized(0, TILE) as i:
+                            T.buffer_store(acc, acc[i] + cast(xcol[row + i] * wv, I32), [i])
+                    with T.vectorized(0, TILE) as i:
+                        T.buffer_store(acc_all, acc[i], [((b * nrows + r) * ntile + t) * TILE + i])
+                with T.parallel(0, nb * n_o) as q:        # the requantization epilogue
+                    b, co = q // n_o, q % n_o
+                    with T.serial(0, hw) as p:
+                        with T.serial(0, cbo) as cb:
+                            ch = co * cbo + cb
+                            a = acc_all[((b * nrows + ch) * ntile + p // TILE) * TILE + p % TILE]
+                            a32 = tirx.reinterpret(I32, cast(a, "uint32") + cast(fb[ch], "uint32"))
+                            y = rq(cast(a32, I64) * cast(mb[ch], I64), cast(sb[ch], I64), scb[0], scb[1], scb[2])
+                            off = ((b * n_o + co) * hw + p) * cbo + cb
+                            if resb is not None:
+                                v = (y - scb[3]) * scb[4] + (cast(resb[off], I64) - scb[5]) * scb[6]
+                                y = rq(v, scb[7], scb[8], scb[9], scb[10])
+                            T.buffer_store(yb, cast(y, key.out_dtype), [off])
+        return ib.get()
+    out = te.extern(y_shape, ins, body, name="sparse_shared", dtype=key.out_dtype)
+    func = te.create_prim_func(ins + [out])
+    return func.with_attr("tirx.is_scheduled", True)
+
+
+def relax_args(p: Plan, stored) -> list:
+    consts = [relax.const(np.ascontiguousarray(a), str(a.dtype)) for a in p.arrays]
+    args = [stored[p.x].expr] + consts
+    if p.res is not None:
+        args.append(stored[p.res].expr)
+    return args
