@@ -208,16 +208,16 @@ def _arm_cases():
     ]
 
 
-@pytest.mark.qemu
-def test_sparse_on_arm_under_qemu(tmp_path):
-    """A few sparse layers cross-built for aarch64 (cortex-a76, 4-lane NEON vectors) and run under
-    qemu-aarch64 with the TVM runtime only (examples/deploy_cpp): equal to the x86 dense kernel
-    (int8 bit-exact; fp32 within 1e-5·max|ref|)."""
+ARM_SPEC = TargetSpec("arm", cpu="cortex-a76", features=("+dotprod",))
+
+
+def arm_runner(tmp_path):
+    """``run_arm(artifact_dir, x, like) -> y``: runs a one-input artifact under qemu-aarch64 with the
+    TVM runtime only (examples/deploy_cpp, built here), the output read as ``like``'s dtype/shape;
+    skips the test where aarch64 code cannot run."""
     import subprocess
-    from pathlib import Path
 
     from qcompiler.codegen import arm
-    from qcompiler.codegen.artifact import write_artifact
     missing = arm.emulation_problems()
     if missing:
         pytest.skip("cannot run aarch64 code here: " + "; ".join(missing))
@@ -226,15 +226,27 @@ def test_sparse_on_arm_under_qemu(tmp_path):
     r = subprocess.run(["make", "-s", "-C", str(repo / "examples" / "deploy_cpp"), "ARCH=aarch64", f"BUILD={build}",
                         f"TVM_RT={arm.runtime_dir()}"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    spec = TargetSpec("arm", cpu="cortex-a76", features=("+dotprod",))
-    for name, g, fmt, feeds in _arm_cases():
-        dense = run(g, feeds)
-        out = write_artifact(meta(g, "layer", fmt), spec, tmp_path / name.replace(":", "") / "OUT")
-        (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(next(iter(feeds.values()))).tobytes())
+
+    def run_arm(out, x, like):
+        (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x).tobytes())
         r = subprocess.run(arm.qemu_command(build / "run_model", out, tmp_path / "x.bin", "-o", tmp_path / "y"),
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-        got = np.fromfile(tmp_path / "y0.bin", dense.dtype).reshape(dense.shape)
+        return np.fromfile(tmp_path / "y0.bin", like.dtype).reshape(like.shape)
+    return run_arm
+
+
+@pytest.mark.qemu
+def test_sparse_on_arm_under_qemu(tmp_path):
+    """A few sparse layers cross-built for aarch64 (cortex-a76, 4-lane NEON vectors) and run under
+    qemu-aarch64 with the TVM runtime only (examples/deploy_cpp): equal to the x86 dense kernel
+    (int8 bit-exact; fp32 within 1e-5·max|ref|)."""
+    from qcompiler.codegen.artifact import write_artifact
+    run_arm = arm_runner(tmp_path)
+    for name, g, fmt, feeds in _arm_cases():
+        dense = run(g, feeds)
+        out = write_artifact(meta(g, "layer", fmt), ARM_SPEC, tmp_path / name.replace(":", "") / "OUT")
+        got = run_arm(out, next(iter(feeds.values())), dense)
         if dense.dtype == np.float32:
             assert np.abs(got - dense).max() <= 1e-5 * np.abs(dense).max(), name
         else:

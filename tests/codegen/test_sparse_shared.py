@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_sparse_kernels import prune, run
+from test_sparse_kernels import ARM_SPEC, arm_runner, prune, run
 
 from qcompiler.codegen.lower import lower
 from qcompiler.codegen.target import TargetSpec
@@ -112,27 +112,11 @@ def test_time_objective_keeps_per_layer_kernels():
 def test_shared_kernel_on_arm_under_qemu(tmp_path):
     """The block cross-built for aarch64 (cortex-a76) and run under qemu-aarch64 with the TVM runtime
     only (examples/deploy_cpp): bit-exact with the x86 dense kernels."""
-    import subprocess
-    from pathlib import Path
-
-    from qcompiler.codegen import arm
     from qcompiler.codegen.artifact import write_artifact
-    missing = arm.emulation_problems()
-    if missing:
-        pytest.skip("cannot run aarch64 code here: " + "; ".join(missing))
-    repo = Path(__file__).resolve().parents[2]
-    build = tmp_path / "deploy"
-    r = subprocess.run(["make", "-s", "-C", str(repo / "examples" / "deploy_cpp"), "ARCH=aarch64", f"BUILD={build}",
-                        f"TVM_RT={arm.runtime_dir()}"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    run_arm = arm_runner(tmp_path)
     g, feeds = block_graph((1, 16, 7, 7), 48, "uint8", np.random.default_rng(7))
     record = g.meta.pop("sparsity")
     dense = run(g, feeds)
     g.meta["sparsity"] = record
-    out = write_artifact(g, TargetSpec("arm", cpu="cortex-a76", features=("+dotprod",)), tmp_path / "OUT")
-    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(feeds["x"]).tobytes())
-    r = subprocess.run(arm.qemu_command(build / "run_model", out, tmp_path / "x.bin", "-o", tmp_path / "y"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    got = np.fromfile(tmp_path / "y0.bin", dense.dtype).reshape(dense.shape)
+    got = run_arm(write_artifact(g, ARM_SPEC, tmp_path / "OUT"), feeds["x"], dense)
     assert np.array_equal(got, dense), f"{int((got != dense).sum())} of {dense.size} differ"
