@@ -68,18 +68,15 @@ CUDA_THREADS = 256
 
 
 # ---- which layers are sparse --------------------------------------------------------------------
-def layer_format(graph, op) -> str | None:
-    """The sparse format ``graph.meta["sparsity"]`` assigns to ``op`` (None: dense).
+def layer_entry(graph, op) -> dict:
+    """``op``'s entry of ``graph.meta["sparsity"]`` (the ``encode-sparse`` pass's record; {} if none).
 
-    The ``encode-sparse`` pass records ``meta["sparsity"]["layers"][op_name]["encoding"]["format"]``
-    (``"dense"``, ``"csr"``, ``"bsr1x4"``, ``"bsr4x1"``, ``"2:4"``); also accepted: ``"format"`` on
-    the entry itself, entries keyed without ``"layers"``, or a list of entries with a ``"name"`` (or
-    the layer's ``"weight"`` name)."""
-    if op.kind not in KINDS:
-        return None
+    Accepted: ``meta["sparsity"]["layers"][op_name]`` (a dict, or a bare format string), entries
+    keyed without ``"layers"``, or a list of entries with a ``"name"`` (or the layer's ``"weight"``
+    name)."""
     meta = graph.meta.get("sparsity") if hasattr(graph, "meta") else None
     if not meta:
-        return None
+        return {}
     layers = meta.get("layers", meta) if isinstance(meta, dict) else meta
     if isinstance(layers, dict):
         entries = [dict(v, name=k) if isinstance(v, dict) else {"name": k, "format": v} for k, v in layers.items()]
@@ -88,9 +85,19 @@ def layer_format(graph, op) -> str | None:
     wname = op.operands[1].name if len(op.operands) > 1 and op.operands[1] is not None else None
     for e in entries:
         if e.get("name") == op.name or e.get("op") == op.name or (wname and e.get("weight") == wname):
-            fmt = e.get("format") or (e.get("encoding") or {}).get("format")
-            return fmt if fmt in FORMATS else None
-    return None
+            return e
+    return {}
+
+
+def layer_format(graph, op) -> str | None:
+    """The sparse format ``graph.meta["sparsity"]`` assigns to ``op`` (None: dense): the entry's
+    ``"encoding"]["format"]`` (``"dense"``, ``"csr"``, ``"bsr1x4"``, ``"bsr4x1"``, ``"2:4"``) or a
+    ``"format"`` on the entry itself (:func:`layer_entry`)."""
+    if op.kind not in KINDS:
+        return None
+    e = layer_entry(graph, op)
+    fmt = e.get("format") or (e.get("encoding") or {}).get("format")
+    return fmt if fmt in FORMATS else None
 
 
 # ---- encodings ----------------------------------------------------------------------------------

@@ -72,17 +72,11 @@ class Plan:
     out_block: int
 
 
-def _entry(graph, op) -> dict:
-    meta = graph.meta.get("sparsity") or {}
-    layers = meta.get("layers") if isinstance(meta, dict) else None
-    e = layers.get(op.name) if isinstance(layers, dict) else None
-    return e if isinstance(e, dict) else {}
-
-
 def wanted(graph, op) -> bool:
     """Whether ``encode-sparse`` chose CSR for ``op`` under the size objective."""
-    enc = _entry(graph, op).get("encoding") or {}
-    return op.kind in CONV_KINDS and enc.get("format") == "csr" and enc.get("objective") == "size"
+    from .sparse import layer_entry, layer_format
+    enc = layer_entry(graph, op).get("encoding") or {}
+    return op.kind in CONV_KINDS and layer_format(graph, op) == "csr" and enc.get("objective") == "size"
 
 
 def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
@@ -144,7 +138,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
         zs = [int(v.type.quant.zero_point[0]) for v in ops]
         mm = [int(v) for v in aa["multiplier"]]
         sc += [zs[ci], mm[ci], zs[1 - ci], mm[1 - ci], int(aa["shift"][0]), int(q2.zero_point[0]), lo2, hi2]
-    if root not in set(r for op in members for r in op.results) or root is not g.root:
+    if root is not g.root:
         return None
     sdt = storage_dtype(root)
     if sdt not in ("uint8", "int8") or tuple(root.shape) != (x.shape[0], n, *x.shape[2:]):
@@ -155,11 +149,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
         rs = stored[res]
         if (rs.block or 0) != blk or rs.dtype not in ("uint8", "int8"):
             return None
-    if xs.dtype != x.dtype or (blk and n % blk):
-        return None
-    cbi, cbo = xs.block or 1, blk or 1
-    c, hw = x.shape[1], int(np.prod(x.shape[2:]))
-    if c % cbi:
+    if xs.dtype != x.dtype or (blk and n % blk) or x.shape[1] % (xs.block or 1):
         return None
     key = Key(x.dtype, sdt, str(enc.col_idx.dtype), str(ptr.dtype),
               stored[res].dtype if res is not None else None, len(xs.phys), 5 if blk else 4)
