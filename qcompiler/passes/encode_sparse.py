@@ -16,6 +16,7 @@ records, for each layer, in ``graph.meta["sparsity"]["layers"][op_name]["encodin
 
     {"format": <chosen for the objective>, "objective": "time" | "size",
      "format_size": ..., "format_time": ..., "size": {fmt: bytes}, "time": {fmt: bit-MAC units},
+     "code": {fmt: kernel code bytes the size objective adds},
      "m": M, "bits": 8 | 32, "dense_bytes": ..., "encoded_bytes": <bytes of "format">}
 
 and, when ``graph.meta["sparsity"]`` holds no record for the layer yet (no ``prune`` ran), the
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import Graph
-from ..sparse.cost import CostModel, LayerShape, choose
+from ..ir import REGISTRY
+from ..sparse.cost import CostModel, LayerShape, choose, shares_kernel
 from ._common import pass_options
 from .manager import PassContext, register_pass
 from .prune import CONV_KINDS, layers, stats
@@ -74,7 +76,10 @@ def decide(graph: Graph, opts: EncodeSparseOptions = EncodeSparseOptions()) -> d
     for layer in layers(graph):
         mats = layer.matrices()
         s = LayerShape.of(mats, output_columns(layer.op), *conv_kind(layer))
-        c = choose(s, model)
+        attrs = {**REGISTRY[layer.op.kind].defaults, **layer.op.attrs}
+        shared = opts.objective == "size" and shares_kernel(layer.op.kind, attrs, layer.weight.type.shape,
+                                                            layer.weight.dtype, opts.target)
+        c = choose(s, model, shared)
         fmt = c.format_time if opts.objective == "time" else c.format_size
         row = rec["layers"].setdefault(layer.op.name, {})
         now = stats(layer)

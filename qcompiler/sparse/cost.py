@@ -262,9 +262,31 @@ def predicted_ns(s: LayerShape, fmt: str, cm: CostModel = CostModel()) -> float:
     return time_units(s, fmt, cm) * ns if ns > 0 else float("nan")
 
 
+#: Machine code of one layer's own kernel (x86, measured with ``QCOMPILER_KEEP_SYMBOLS=1`` and ``nm`` on
+#: fashion_mobilenet int8: dense 1x1 conv 1.9 KB, per-layer CSR 2.7 KB, BSR 4x1 2.6 KB, each with its
+#: ~0.2 KB wrapper). A CSR pointwise int8 conv under the size objective on a CPU runs the shared
+#: shape-generic kernel (codegen/kernels/sparse_shared.py): no code of its own.
+KERNEL_CODE_BYTES = 2048
+
+
+def shares_kernel(kind: str, attrs: dict, weight_shape, weight_dtype: str, target: str) -> bool:
+    """Whether a layer encoded as CSR runs the shared sparse kernel under the size objective: an int8
+    QLinearConv with a 1x1 kernel, unit strides, no padding, one group and a Relu/Clip/no activation,
+    on x86 or ARM (the structural conditions of ``sparse_shared.plan``; it also checks layouts)."""
+    if target not in ("x86", "arm") or kind != "QLinearConv" or weight_dtype != "int8":
+        return False
+    shape = tuple(int(v) for v in weight_shape)
+    if len(shape) != 4 or shape[2:] != (1, 1):
+        return False
+    if any(int(v) != 1 for v in attrs.get("strides") or ()) or any(int(v) for v in attrs.get("pads") or ()):
+        return False
+    return int(attrs.get("group", 1) or 1) == 1 and (attrs.get("activation") or "") in ("", "Relu", "Clip")
+
+
 @dataclass
 class Choice:
     size: dict[str, int] = field(default_factory=dict)           # bytes per available format
+    code: dict[str, int] = field(default_factory=dict)           # kernel code bytes it adds (size objective)
     time: dict[str, float] = field(default_factory=dict)         # bit-MAC units per available format
     format_size: str = "dense"                                   # least bytes
     format_time: str = "dense"                                   # least predicted time
@@ -285,12 +307,16 @@ def stored_entries(s: LayerShape, fmt: str) -> int:
             "2:4": s.groups * s.n * (_up(s.k, 4) // 2)}[fmt]
 
 
-def choose(s: LayerShape, cm: CostModel = CostModel()) -> Choice:
+def choose(s: LayerShape, cm: CostModel = CostModel(), shared: bool = False) -> Choice:
     """Per objective, the format of least size and of least predicted time (dense unless a sparse
-    format is better by ``cm.margin``; for time, only formats that skip work: module docstring)."""
+    format is better by ``cm.margin``; for time, only formats that skip work: module docstring).
+    ``shared``: CSR runs the shared kernel (:func:`shares_kernel`), so for size every other format
+    also pays its own kernel's code, :data:`KERNEL_CODE_BYTES`."""
     fmts = s.available()
-    c = Choice({f: size_bytes(s, f) for f in fmts}, {f: float(time_units(s, f, cm)) for f in fmts})
-    c.format_size = _best({f: float(v) for f, v in c.size.items()}, cm.margin)
+    c = Choice({f: size_bytes(s, f) for f in fmts}, {f: 0 if (f == "csr" or not shared) else KERNEL_CODE_BYTES
+                                                     for f in fmts},
+               {f: float(time_units(s, f, cm)) for f in fmts})
+    c.format_size = _best({f: float(v + c.code[f]) for f, v in c.size.items()}, cm.margin)
     dense = stored_entries(s, "dense")
     c.format_time = _best({f: t for f, t in c.time.items() if f == "dense" or stored_entries(s, f) < dense},
                           cm.margin)

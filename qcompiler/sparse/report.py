@@ -87,6 +87,7 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
                "nm_2_4": r["nm_2_4"], "pruned": bool(r.get("pruned", False)),
                "format": e["format"], "format_time": e["format_time"], "format_size": best, "bits": e["bits"],
                "dense_bytes": dense_b, "encoded_bytes": e["size"][best], "stored_bytes": e["size"][e["format"]],
+               "kernel_code_bytes": e.get("code", {}).get(e["format"], 0),
                "time_ratio": _round(e["time"][e["format_time"]] / e["time"]["dense"])}
         if "skipped" in r:
             row["skipped"] = r["skipped"]

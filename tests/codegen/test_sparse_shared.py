@@ -62,14 +62,15 @@ def shared_functions(g) -> list[str]:
     return sorted(gv.name_hint for gv in mod.get_global_vars() if "sparse_shared" in gv.name_hint)
 
 
-@pytest.mark.parametrize("shape, mid, storage", [
-    ((1, 16, 7, 7), 48, "uint8"),        # blocked layouts, P = 49 (a tail tile)
-    ((2, 24, 5, 3), 40, "int8"),          # batch 2, int8 activations, plain/blocked mix
-    ((1, 8, 1, 1), 20, "uint8"),          # one pixel
+@pytest.mark.parametrize("shape, mid, storage, sparsity", [
+    ((1, 16, 7, 7), 48, "uint8", 0.8),        # blocked layouts, P = 49 (a tail tile)
+    ((2, 24, 5, 3), 40, "int8", 0.8),          # batch 2, int8 activations, plain/blocked mix
+    ((1, 8, 1, 1), 20, "uint8", 0.8),          # one pixel
+    ((1, 296, 2, 3), 264, "uint8", 0.1),       # uint16 columns (K > 256), int32 row pointers (nnz > 65535)
 ])
-def test_shared_kernel_bit_exact_and_shared(shape, mid, storage):
+def test_shared_kernel_bit_exact_and_shared(shape, mid, storage, sparsity):
     rng = np.random.default_rng(sum(shape) + mid)
-    g, feeds = block_graph(shape, mid, storage, rng)
+    g, feeds = block_graph(shape, mid, storage, rng, sparsity)
     names = shared_functions(g)
     # three sparse layers; the project conv carries the residual add: at most one function per key
     assert 1 <= len(names) <= 3, names

@@ -90,11 +90,36 @@ def test_24_int8_fashion_sizes(tmp_path, capsys):
         if r["format_size"] == "2:4":
             n, k = r["matrix"]
             assert r["encoded_bytes"] == r["groups"] * n * (-(-k // 4) * 2 + -(-k // 8))
-    assert sum(r["format_size"] == "2:4" for r in pruned) >= len(pruned) - 1
+    # the size objective counts kernel code too: a 1x1 conv stored as CSR runs the shared sparse kernel
+    # (no code of its own), so small pointwise layers go CSR when CSR bytes < 2:4 bytes + a kernel's code
+    from qcompiler.sparse.cost import KERNEL_CODE_BYTES
+    csr = [r for r in pruned if r["format_size"] == "csr"]
+    assert all(r["kernel_code_bytes"] == 0 and r["encoded_bytes"] < r["dense_bytes"] * 0.625 + KERNEL_CODE_BYTES
+               for r in csr), csr
+    assert sum(r["format_size"] in ("2:4", "csr") for r in pruned) >= len(pruned) - 1
+    assert csr and sum(r["format_size"] == "2:4" for r in pruned) >= 5      # the large layers stay 2:4
     lib = sec["library"]
     print(f"\n2:4 int8: conv/gemm weights {sec['weights_dense_bytes']} -> {sec['weights_encoded_bytes']} B; "
           f"model.so {lib['bytes']} B (.text {lib['text_bytes']} B, VM+constants {lib['library_bin_bytes']} B) "
           f"-> ~{lib['sparse_encoded_bytes_estimated']} B with encoded weights ({lib['sparse_ratio_estimated']}x)")
+
+
+def test_90_global_int8_fashion_artifact_at_most_06_of_dense(tmp_path, capsys):
+    """Issue #8's size point on the trained model: 90 % global unstructured pruning, int8, the size
+    objective: model.so <= 0.6 x the dense int8 model.so (same host, same calibration). Sizes are
+    what the build writes (not a timing); 0.55 measured on an AVX2 host, 2026-11-23."""
+    sizes = {}
+    for name, flags in (("dense", ()), ("sparse", ("--sparsity", "0.9", "--sparsity-global",
+                                                   "--sparse-objective", "size"))):
+        out = tmp_path / name
+        out.mkdir()
+        rep = compile_json(capsys, out, "--eval-samples", "0", *flags)
+        sizes[name] = os.path.getsize(out / "out" / "model.so")
+    sec = rep["sparsity"]
+    assert sec["objective"] == "size" and 0.899 <= sec["pruned_sparsity"] <= 0.901   # depthwise convs are not pruned
+    print(f"\nfashion int8 model.so: dense {sizes['dense']:,} B, 90 % global size {sizes['sparse']:,} B "
+          f"({sizes['sparse'] / sizes['dense']:.3f})")
+    assert sizes["sparse"] <= 0.6 * sizes["dense"]
 
 
 def test_convert_writes_the_pruned_model(tmp_path, capsys):

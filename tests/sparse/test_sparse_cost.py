@@ -188,3 +188,28 @@ def test_arm_cuda_keep_assumed_factors():
     assert EncodeSparseOptions().cost_model == CostModel()
     with pytest.raises(ValueError, match="target"):
         EncodeSparseOptions(target="riscv")
+
+
+def test_size_objective_counts_kernel_code_when_csr_is_shared():
+    """Under the size objective a CSR pointwise conv runs the shared kernel, every other format its own
+    kernel (~2 KB of code): a small unpruned 1x1 conv goes CSR (1,024 B of values + 1,024 B of
+    columns + pointers < 1,024 B + 2,048 B), a large one stays dense; without sharing both stay dense."""
+    from qcompiler.sparse.cost import KERNEL_CODE_BYTES, shares_kernel
+    rng = np.random.default_rng(0)
+    small = LayerShape.of(rng.integers(1, 100, (1, 64, 16)).astype(np.int8), m=196, conv=True)
+    large = LayerShape.of(rng.integers(1, 100, (1, 256, 64)).astype(np.int8), m=16, conv=True)
+    assert choose(small).format_size == "dense" and choose(large).format_size == "dense"
+    c = choose(small, shared=True)
+    assert c.format_size == "csr" and c.code == {"dense": KERNEL_CODE_BYTES, "csr": 0, "bsr1x4": KERNEL_CODE_BYTES,
+                                                  "bsr4x1": KERNEL_CODE_BYTES}
+    assert c.size["csr"] == 4 * 65 + 1024 * 2 < c.size["dense"] + KERNEL_CODE_BYTES
+    assert choose(large, shared=True).format_size == "dense"          # 2 x 16 KB > 16 KB + 2 KB
+    conv = {"strides": [1, 1], "pads": [0, 0, 0, 0], "group": 1, "activation": "Relu"}
+    assert shares_kernel("QLinearConv", conv, (64, 16, 1, 1), "int8", "x86")
+    assert shares_kernel("QLinearConv", conv, (64, 16, 1, 1), "int8", "arm")
+    assert not shares_kernel("QLinearConv", conv, (64, 16, 1, 1), "int8", "cuda")
+    assert not shares_kernel("QLinearConv", conv, (64, 16, 3, 3), "int8", "x86")
+    assert not shares_kernel("QLinearConv", {**conv, "strides": [2, 2]}, (64, 16, 1, 1), "int8", "x86")
+    assert not shares_kernel("QLinearConv", {**conv, "activation": "HardSwish"}, (64, 16, 1, 1), "int8", "x86")
+    assert not shares_kernel("QLinearGemm", {}, (64, 16), "int8", "x86")
+    assert not shares_kernel("FusedConv", conv, (64, 16, 1, 1), "float32", "x86")

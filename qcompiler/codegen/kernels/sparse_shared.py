@@ -42,11 +42,13 @@ from tvm.script.ir_builder import tirx as T
 
 from ...quant.requant import activation_clamp
 from ...sparse import format as sfmt
+from ...sparse.cost import shares_kernel
 from . import qdot
 from .tensor import cast
 
 I16, I32, I64 = "int16", "int32", "int64"
 TILE = 16                      # columns of X per tile: the int32 accumulators of one row (2 ymm, 4 q regs)
+LANES = 4                      # int64 lanes of the requantization epilogue (one ymm, two q regs)
 CONV_KINDS = ("QLinearConv",)
 ADD_KIND = "QLinearAdd"
 
@@ -68,7 +70,7 @@ class Plan:
     key: Key
     x: object                  # the conv's input Value
     res: object | None         # the residual operand Value
-    arrays: list               # numpy constants: row_ptr, col_idx, values, bias, m, s, sc
+    blob: np.ndarray           # the layer's constants packed into one uint8 array (:func:`pack`)
     out_block: int
 
 
@@ -84,7 +86,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
     the size objective, optionally followed by a residual QLinearAdd, on the CPU; else None."""
     from ...ir import REGISTRY
     from .quant import _folded_bias, _per_channel
-    if low.spec.family not in ("x86", "arm") or not members or not wanted(low.graph, members[0]):
+    if not members or not wanted(low.graph, members[0]):
         return None
     conv = members[0]
     if len(members) > 2 or (len(members) == 2 and members[1].kind != ADD_KIND):
@@ -92,16 +94,10 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
     a = {**REGISTRY[conv.kind].defaults, **conv.attrs}
     x = conv.operands[0]
     w = conv.operands[1].data if conv.operands[1].is_const else None
-    if x not in stored or w is None or w.dtype != np.int8 or w.ndim != 4 or w.shape[2:] != (1, 1):
+    if x not in stored or w is None or not shares_kernel(conv.kind, a, w.shape, str(w.dtype), low.spec.family):
         return None
-    if x.dtype not in ("uint8", "int8") or len(x.shape) != 4 or x.shape[0] < 1:
+    if x.dtype not in ("uint8", "int8") or len(x.shape) != 4 or x.shape[0] < 1 or w.shape[1] != x.shape[1]:
         return None
-    if any(int(v) != 1 for v in a.get("strides") or (1, 1)) or any(int(v) for v in a.get("pads") or ()):
-        return None
-    if int(a.get("group", 1) or 1) != 1 or w.shape[1] != x.shape[1]:
-        return None
-    if (a.get("activation") or "") not in ("", "Relu", "Clip"):
-        return None                                  # HardSwish: the float epilogue (per-layer kernel)
     n = w.shape[0]
     m, s = np.asarray(_per_channel(a["multiplier"], n), np.int64), np.asarray(_per_channel(a["shift"], n), np.int64)
     if m.min() < -2 ** 31 or m.max() >= 2 ** 31 or s.min() < 0 or s.max() > 62:
@@ -153,9 +149,55 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
         return None
     key = Key(x.dtype, sdt, str(enc.col_idx.dtype), str(ptr.dtype),
               stored[res].dtype if res is not None else None, len(xs.phys), 5 if blk else 4)
-    arrays = [ptr, enc.col_idx, enc.values.astype(np.int8), fold, m.astype(np.int32), s.astype(np.int8),
-              np.asarray(sc, np.int64)]
-    return Plan(key, x, res, arrays, blk)
+    blob = pack(np.asarray(sc, np.int64), fold, m.astype(np.int32), ptr, s.astype(np.int8), enc.col_idx,
+                enc.values.astype(np.int8))
+    return Plan(key, x, res, blob, blk)
+
+
+def _sizes(key: Key) -> tuple[int, int, int]:
+    return 11 if key.residual else 3, np.dtype(key.ptr_dtype).itemsize, np.dtype(key.col_dtype).itemsize
+
+
+def pack(sc, fold, m, ptr, shift, cols, values) -> np.ndarray:
+    """One layer's constants as one byte array (one VM constant and one kernel argument instead of
+    seven: each costs ~60 B of constant header, an argument slot in every call and a check in the
+    kernel's wrapper). Layout, every section aligned to its element size (the VM allocates
+    constants 64-byte aligned)::
+
+        sc int64[3 | 11] · fold int32[N] · m int32[N] · row_ptr P[N+1] · shift int8[N] · pad · col C[nnz] · values int8[nnz]
+    """
+    out, off = [], 0
+    for a in (sc, fold, m, ptr, shift, cols, values):
+        a = np.ascontiguousarray(a)
+        pad = -off % a.dtype.itemsize
+        out += [np.zeros(pad, np.uint8), a.view(np.uint8)]
+        off += pad + a.nbytes
+    return np.concatenate(out)
+
+
+def _div(a, b):
+    """``a // b`` for a, b >= 0 (every index here): C division, without floordiv's sign fix-ups."""
+    return tirx.truncdiv(a, b)
+
+
+def _mod(a, b):
+    return tirx.truncmod(a, b)
+
+
+def _unpack(bb, key: Key, n):
+    """Views of the sections of :func:`pack`'s byte array ``bb`` for a layer of ``n`` rows."""
+    n_sc, psz, csz = _sizes(key)
+
+    def view(dtype, off, size):      # off: a byte offset, a multiple of size
+        return T.decl_buffer((bb.shape[0],), dtype, data=bb.data, elem_offset=_div(off, size))
+    o_fold = 8 * n_sc
+    o_ptr = o_fold + 8 * n
+    o_sh = o_ptr + psz * (n + 1)
+    o_col = _div(o_sh + n + (csz - 1), csz) * csz
+    rpb = view(key.ptr_dtype, o_ptr, psz)
+    nnz = T.bind(cast(rpb[n], I32))
+    return (view(I64, 0, 8), view(I32, o_fold, 4), view(I32, o_fold + 4 * n, 4), rpb,
+            view("int8", o_sh, 1), view(key.col_dtype, o_col, csz), view("int8", o_col + csz * nnz, 1))
 
 
 def _flat(buf):
@@ -171,17 +213,11 @@ def build(key: Key):
     their rank (``key.x_rank``/``out_rank``: NCHW{b}c or plain NCHW) and are read through 1-D views
     by flat offsets; a plain tensor is the blocked form with b = 1 (the offsets coincide), so the
     loop code is the same for every rank key."""
-    n_ptr, nnz, n_ch, n_sc = (tirx.Var(v, I32) for v in ("n_ptr", "nnz", "n_ch", "n_sc"))
+    n_blob = tirx.Var("n_blob", I32)
     x = te.placeholder(tuple(tirx.Var(f"x{i}", I32) for i in range(key.x_rank)), key.x_dtype, name="x")
     y_shape = tuple(tirx.Var(f"y{i}", I32) for i in range(key.out_rank))
-    rp = te.placeholder((n_ptr,), key.ptr_dtype, name="sp_row_ptr")
-    ci = te.placeholder((nnz,), key.col_dtype, name="sp_col_idx")
-    vals = te.placeholder((nnz,), "int8", name="sp_values")
-    fold = te.placeholder((n_ch,), I32, name="qbias")
-    mul = te.placeholder((n_ch,), I32, name="rq_m")
-    sh = te.placeholder((n_ch,), "int8", name="rq_s")
-    sc = te.placeholder((n_sc,), I64, name="sc")
-    ins = [x, rp, ci, vals, fold, mul, sh, sc]
+    blob = te.placeholder((n_blob,), "uint8", name="sp")
+    ins = [x, blob]
     if key.residual:
         ins.append(te.placeholder(y_shape, key.residual, name="res"))
     one, zero = tirx.const(1, I64), tirx.const(0, I64)
@@ -191,8 +227,8 @@ def build(key: Key):
         return tirx.max(tirx.min(tirx.shift_right(v + rnd, s) + z, hi), lo)
 
     def body(bufs, outs):
-        xb, rpb, cib, vb, fb, mb, sb, scb = bufs[:8]
-        resb = bufs[8] if key.residual else None
+        xb, bb = bufs[:2]
+        resb = bufs[2] if key.residual else None
         (yb,) = outs
         xs, ys = list(xb.shape), list(yb.shape)
         nb, c_o, hw = xs[0], xs[1], xs[2] * xs[3]
@@ -201,23 +237,23 @@ def build(key: Key):
         cbo = ys[4] if key.out_rank == 5 else 1
         nrows = n_o * cbo
         k = c_o * cbi
-        ntile = (hw + (TILE - 1)) // TILE
+        ntile = _div(hw + (TILE - 1), TILE)
         with IRBuilder() as ib:
             with T.serial(0, 1):                     # a frame for the shared allocations
                 xb = _flat(xb)
                 yb = _flat(yb)
                 resb = _flat(resb) if resb is not None else None
+                scb, fb, mb, rpb, sb, cib, vb = _unpack(bb, key, nrows)
                 xcol = T.alloc_buffer((nb * ntile * k * TILE,), I16)
-                acc_all = T.alloc_buffer((nb * nrows * ntile * TILE,), I32)
-                with T.parallel(0, nb * k) as q:          # X: int16 tiles of TILE columns
-                    b, kk = q // k, q % k
-                    base = ((b * c_o + kk // cbi) * hw) * cbi + kk % cbi
-                    with T.serial(0, ntile * TILE) as p:
-                        src = base + tirx.min(p, hw - 1) * cbi
-                        T.buffer_store(xcol, cast(xb[src], I16), [((b * ntile + p // TILE) * k + kk) * TILE + p % TILE])
+                with T.parallel(0, nb * k * ntile) as q:      # X: int16 tiles of TILE columns
+                    b, kk, t = _div(q, k * ntile), _mod(_div(q, ntile), k), _mod(q, ntile)
+                    base = ((b * c_o + _div(kk, cbi)) * hw) * cbi + _mod(kk, cbi)
+                    with T.vectorized(0, TILE) as i:
+                        src = base + tirx.min(t * TILE + i, hw - 1) * cbi
+                        T.buffer_store(xcol, cast(xb[src], I16), [((b * ntile + t) * k + kk) * TILE + i])
                 with T.parallel(0, nb * ntile * nrows) as q:   # rows of W against one X tile
-                    b, t, r = q // (ntile * nrows), (q // nrows) % ntile, q % nrows
-                    acc = T.alloc_buffer((TILE,), I32, scope="local")
+                    b, t, r = _div(q, ntile * nrows), _mod(_div(q, nrows), ntile), _mod(q, nrows)
+                    acc = T.alloc_buffer((TILE,), I32)      # "global": a stack array (LowerTVMBuiltin)
                     with T.vectorized(0, TILE) as i:
                         T.buffer_store(acc, tirx.const(0, I32), [i])
                     with T.serial(cast(rpb[r], I32), cast(rpb[r + 1], I32)) as e:
@@ -225,16 +261,14 @@ def build(key: Key):
                         row = ((b * ntile + t) * k + cast(cib[e], I32)) * TILE
                         with T.vectorized(0, TILE) as i:
                             T.buffer_store(acc, acc[i] + cast(xcol[row + i] * wv, I32), [i])
-                    with T.vectorized(0, TILE) as i:
-                        T.buffer_store(acc_all, acc[i], [((b * nrows + r) * ntile + t) * TILE + i])
-                with T.parallel(0, nb * n_o) as q:        # the requantization epilogue
-                    b, co = q // n_o, q % n_o
-                    with T.serial(0, hw) as p:
-                        with T.serial(0, cbo) as cb:
-                            ch = co * cbo + cb
-                            a = acc_all[((b * nrows + ch) * ntile + p // TILE) * TILE + p % TILE]
-                            a32 = tirx.reinterpret(I32, cast(a, "uint32") + cast(fb[ch], "uint32"))
-                            y = rq(cast(a32, I64) * cast(mb[ch], I64), cast(sb[ch], I64), scb[0], scb[1], scb[2])
+                    # the epilogue on this row's tile, LANES columns at a time
+                    co, cb = _div(r, cbo), _mod(r, cbo)
+                    fold_r, m_r, s_r = cast(fb[r], "uint32"), cast(mb[r], I64), cast(sb[r], I64)
+                    with T.serial(0, _div(tirx.min(hw - t * TILE, TILE) + (LANES - 1), LANES)) as j:
+                        with T.vectorized(0, LANES) as i:
+                            p = tirx.min(t * TILE + j * LANES + i, hw - 1)
+                            a32 = tirx.reinterpret(I32, cast(acc[j * LANES + i], "uint32") + fold_r)
+                            y = rq(cast(a32, I64) * m_r, s_r, scb[0], scb[1], scb[2])
                             off = ((b * n_o + co) * hw + p) * cbo + cb
                             if resb is not None:
                                 v = (y - scb[3]) * scb[4] + (cast(resb[off], I64) - scb[5]) * scb[6]
@@ -247,8 +281,7 @@ def build(key: Key):
 
 
 def relax_args(p: Plan, stored) -> list:
-    consts = [relax.const(np.ascontiguousarray(a), str(a.dtype)) for a in p.arrays]
-    args = [stored[p.x].expr] + consts
+    args = [stored[p.x].expr, relax.const(p.blob, "uint8")]
     if p.res is not None:
         args.append(stored[p.res].expr)
     return args
