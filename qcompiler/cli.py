@@ -110,7 +110,7 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--sparse-objective", default="time", choices=("time", "size"),
                     help="per conv/gemm weight, the encoding the artifact stores and its kernel: 'time' "
                          "(default) the fastest by the cost model (dense unless sparse is predicted faster), "
-                         "'size' the fewest bytes")
+                         "'size' the fewest bytes, kernel code counted (CSR pointwise convs share one kernel)")
 
 
 def _rpc_args(p: argparse.ArgumentParser, what: str) -> None:

@@ -38,7 +38,7 @@ from .prune import CONV_KINDS, layers, stats
 
 @dataclass(frozen=True)
 class EncodeSparseOptions:
-    objective: str = "time"                  # "time": fastest predicted; "size": fewest bytes
+    objective: str = "time"                  # "time": fastest predicted; "size": fewest bytes + kernel code
     target: str = "x86"                      # target family: which kernels' cost model decides
     model: CostModel | None = None           # None: CostModel.for_target(target)
 

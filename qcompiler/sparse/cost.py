@@ -8,7 +8,9 @@ ideal sparse format on ideal hardware. We keep its form and add what a real enco
 what a real kernel on a real target does:
 
 * size: exact bytes of the encoding, :func:`qcompiler.sparse.format.predicted_bytes` (values, index
-  arrays, row pointers) - no model needed;
+  arrays, row pointers) - no model needed; plus, where CSR would run the kernel shared by all
+  pointwise int8 convs (:func:`shares_kernel`), the code every other format's own kernel adds
+  (:data:`KERNEL_CODE_BYTES`): on a 100 K-parameter model one kernel's code outweighs a layer's weights;
 * time, for ``M`` output columns (batch x output pixels of the im2col gemm) of a ``[g, N, K]``
   weight, per format ``f`` and weight dtype (int8 or fp32)::
 
