@@ -194,8 +194,8 @@ def _unpack(bb, key: Key, n):
     """Views of the sections of :func:`pack`'s byte array ``bb`` for a layer of ``n`` rows."""
     n_sc, psz, csz = _sizes(key)
 
-    def view(dtype, off, size):      # off: a byte offset, a multiple of size
-        return T.decl_buffer((bb.shape[0],), dtype, data=bb.data, elem_offset=_div(off, size))
+    def view(dtype, off, size):      # off: a byte offset, a multiple of size; the view ends with the array
+        return T.decl_buffer((_div(bb.shape[0] - off, size),), dtype, data=bb.data, elem_offset=_div(off, size))
     o_fold = 8 * n_sc
     o_ptr = o_fold + 8 * n
     o_sh = o_ptr + psz * (n + 1)
