@@ -104,6 +104,7 @@ the same figures to three digits (rec 9.1e-2, det 5.2e-1: another float32 summat
 from __future__ import annotations
 
 import os
+from typing import Callable
 import time
 from dataclasses import dataclass
 
@@ -247,7 +248,9 @@ class _Lowering:
         self.kernels: list[str] = []
         self.cache: dict[int, list] = {}
         self.shared: dict = {}
-        self.calls: list[tuple[Value, relax.Var, relax.Call]] = []    # (root, var, call) in emission order
+        # (root, var, emit) in emission order; emit(bb, sub) emits the kernel call again in bb with its
+        # input expressions mapped by sub (the debug functions replay main's calls) and returns the result
+        self.calls: list[tuple[Value, relax.Var, Callable]] = []
         self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
 
     def storage_dtype(self, v: Value) -> str:
@@ -338,9 +341,12 @@ class _Lowering:
         func = te.create_prim_func([p for p, _ in ctx.params] + [out])
         kind, params = ctx.sched
         gv = self._add_kernel(bb, func, ctx.sched, (g.anchor or root.producer).kind.lower())
-        call = relax.call_tir(gv, [e for _, e in ctx.params], relax.TensorType(phys, sdt))
-        self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, block)
-        self.calls.append((root, self.stored[root].expr, call))
+        args, ty = [e for _, e in ctx.params], relax.TensorType(phys, sdt)
+
+        def emit(bb, sub, name=_hint(root.name)):
+            return bb.emit(relax.call_tir(gv, [sub(a) for a in args], ty), name_hint=name)
+        self.stored[root] = Stored(emit(bb, lambda a: a), phys, sdt, block)
+        self.calls.append((root, self.stored[root].expr, emit))
 
     def _emit_shared(self, bb: relax.BlockBuilder, root: Value, p) -> None:
         """A call of the shape-generic sparse kernel (:mod:`.kernels.sparse_shared`) for ``p``'s
@@ -355,9 +361,16 @@ class _Lowering:
         shape = tuple(root.shape)
         blk = p.out_block
         phys = (shape[0], shape[1] // blk, shape[2], shape[3], blk) if blk else shape
-        call = relax.call_tir(gv, kshared.relax_args(p, self.stored), relax.TensorType(phys, sdt))
-        self.stored[root] = Stored(bb.emit(call, name_hint=_hint(root.name)), phys, sdt, blk)
-        self.calls.append((root, self.stored[root].expr, call))
+        args = kshared.relax_args(p, self.stored)
+
+        def emit(bb, sub, name=_hint(root.name)):
+            # the kernel takes every tensor as NCHW{b}c: a plain NCHW one as a (N, C, H, W, 1) view
+            ins = [bb.emit(relax.op.reshape(sub(a), (*a.ty.shape, 1))) if len(a.ty.shape) == 4 else sub(a)
+                   for a in args]
+            out = bb.emit(relax.call_tir(gv, ins, relax.TensorType(kshared.rank5(phys), sdt)), name_hint=name)
+            return out if len(phys) == 5 else bb.emit(relax.op.reshape(out, phys), name_hint=name)
+        self.stored[root] = Stored(emit(bb, lambda a: a), phys, sdt, blk)
+        self.calls.append((root, self.stored[root].expr, emit))
 
     def _add_kernel(self, bb: relax.BlockBuilder, func, sched, hint: str) -> relax.GlobalVar:
         """Schedule ``func`` and add it to the module, reusing an identical kernel (same
@@ -463,9 +476,8 @@ class _Lowering:
             results = []
             with bb.function(name, params):
                 with bb.dataflow():
-                    for root, var, call in self.calls:
-                        args = [subst.get(a, a) for a in call.args[1].fields]
-                        out = bb.emit(relax.call_tir(call.args[0], args, call.ty_args[0]), name_hint=_hint(root.name))
+                    for root, var, emit in self.calls:
+                        out = emit(bb, lambda a: subst.get(a, a))
                         results.append(out)
                         if not alone:
                             subst[var] = out

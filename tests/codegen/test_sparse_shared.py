@@ -1,6 +1,6 @@
 """The shape-generic sparse kernel (qcompiler/codegen/kernels/sparse_shared.py): pointwise int8 convs
 (with and without a fused residual QLinearAdd) that ``encode-sparse`` encodes as CSR under the size
-objective are computed by ONE PrimFunc per storage-dtype/rank key, shared by all such layers, and
+objective are computed by ONE PrimFunc per storage-dtype key (any layout), shared by all such layers, and
 their outputs are bit-exact with the dense kernels and the integer reference interpreter.
 """
 from __future__ import annotations
@@ -121,3 +121,23 @@ def test_shared_kernel_on_arm_under_qemu(tmp_path):
     g.meta["sparsity"] = record
     got = run_arm(write_artifact(g, ARM_SPEC, tmp_path / "OUT"), feeds["x"], dense)
     assert np.array_equal(got, dense), f"{int((got != dense).sum())} of {dense.size} differ"
+
+
+def test_debug_functions_replay_the_shared_kernel():
+    """--debug-layers: ``debug`` and ``debug_alone`` replay main's calls, the shared kernel's included
+    (plain tensors pass through it as (N, C, H, W, 1) views): every stored value has its stored
+    shape, ``debug_alone`` fed ``debug``'s values gives them back, and the last one is main's output."""
+    import tvm
+
+    from test_sparse_kernels import build_module
+    g, feeds = block_graph((2, 24, 5, 3), 40, "int8", np.random.default_rng(11))
+    spec = TargetSpec("x86", debug_layers=True)
+    vm = tvm.runtime.vm.VirtualMachine(build_module(g, spec), tvm.cpu())
+    x = tvm.runtime.tensor(feeds["x"])
+    want = vm["main"](x).numpy()
+    chained = [t.numpy() for t in vm["debug"](x)]
+    info = g.meta["debug_outputs"]
+    assert [list(v.shape) for v in chained] == [d["stored_shape"] for d in info]
+    alone = [t.numpy() for t in vm["debug_alone"](x, *[tvm.runtime.tensor(v) for v in chained])]
+    assert all(np.array_equal(a, c) for a, c in zip(alone, chained))
+    assert np.array_equal(chained[-1].reshape(want.shape), want) and np.array_equal(want, reference.run(g, feeds)[0])

@@ -8,10 +8,11 @@ are shape-generic for that reason (the CSR arrays carry N, the row lengths and t
 kernel reads them at run time): here one PrimFunc with symbolic shapes serves every CSR-encoded
 QLinearConv with a 1x1 kernel, unit strides, no padding and one group (the expand and project
 convs of MobileNet blocks), with or without a fused residual QLinearAdd, for each combination of
-storage dtypes and layouts. Everything of the layer is ONE byte-array argument (:func:`pack`): its
-numbers ``sc`` (zero points, clamps, the residual add's multipliers and shift, int64), the
-per-channel folded bias, multiplier and shift, and the CSR arrays; the kernel reads them through
-typed views at offsets it computes from the output's channel count. The size objective of
+storage dtypes, in any layout (a plain tensor is passed as its NCHW1c view). Everything of the
+layer is ONE byte-array argument (:func:`pack`): its numbers ``sc`` (zero points, clamps, the
+residual add's multipliers and shift, int64), the per-channel folded bias, multiplier and shift,
+and the CSR arrays; the kernel reads them through typed views at offsets it computes from the
+output's channel count. The size objective of
 ``encode-sparse`` knows this: such a layer as CSR adds no code (``sparse.cost.shares_kernel``).
 
 The computation is that of :func:`.sparse.qconv2d` + :func:`.quant.requantized` (+ :func:`.quant.qadd`),
@@ -67,8 +68,6 @@ class Key:
     col_dtype: str
     ptr_dtype: str
     residual: str | None       # the residual operand's storage dtype (stored in the output's layout)
-    x_rank: int = 5            # 5: NCHW{b}c, 4: plain NCHW (the buffers' ranks; the code is the same)
-    out_rank: int = 5
 
 
 @dataclass
@@ -153,8 +152,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
             return None
     if xs.dtype != x.dtype or (blk and n % blk) or x.shape[1] % (xs.block or 1):
         return None
-    key = Key(x.dtype, sdt, str(enc.col_idx.dtype), str(ptr.dtype),
-              stored[res].dtype if res is not None else None, len(xs.phys), 5 if blk else 4)
+    key = Key(x.dtype, sdt, str(enc.col_idx.dtype), str(ptr.dtype), stored[res].dtype if res is not None else None)
     blob = pack(np.asarray(sc, np.int64), fold, m.astype(np.int32), ptr, s.astype(np.int8), enc.col_idx,
                 enc.values.astype(np.int8))
     return Plan(key, x, res, blob, blk)
@@ -214,14 +212,19 @@ def _flat(buf):
     return T.decl_buffer((n,), buf.dtype, data=buf.data)
 
 
+def rank5(shape) -> tuple:
+    """The NCHW{b}c shape the kernel sees for a stored shape: a plain NCHW tensor is the blocked
+    form with b = 1 (same bytes, same flat offsets), passed as a reshaped view."""
+    return tuple(shape) if len(shape) == 5 else (*shape, 1)
+
+
 def build(key: Key):
-    """The shared PrimFunc for ``key``: x, the residual and the output have symbolic dims of
-    their rank (``key.x_rank``/``out_rank``: NCHW{b}c or plain NCHW) and are read through 1-D views
-    by flat offsets; a plain tensor is the blocked form with b = 1 (the offsets coincide), so the
-    loop code is the same for every rank key."""
+    """The shared PrimFunc for ``key``: x, the residual and the output are NCHW{b}c with symbolic
+    dims (a plain tensor comes as its :func:`rank5` view), read through 1-D views by flat offsets,
+    so one function serves every layout."""
     n_blob = tirx.Var("n_blob", I32)
-    x = te.placeholder(tuple(tirx.Var(f"x{i}", I32) for i in range(key.x_rank)), key.x_dtype, name="x")
-    y_shape = tuple(tirx.Var(f"y{i}", I32) for i in range(key.out_rank))
+    x = te.placeholder(tuple(tirx.Var(f"x{i}", I32) for i in range(5)), key.x_dtype, name="x")
+    y_shape = tuple(tirx.Var(f"y{i}", I32) for i in range(5))
     blob = te.placeholder((n_blob,), "uint8", name="sp")
     ins = [x, blob]
     if key.residual:
@@ -238,9 +241,9 @@ def build(key: Key):
         (yb,) = outs
         xs, ys = list(xb.shape), list(yb.shape)
         nb, c_o, hw = xs[0], xs[1], xs[2] * xs[3]
-        cbi = xs[4] if key.x_rank == 5 else 1
+        cbi = xs[4]
         n_o = ys[1]
-        cbo = ys[4] if key.out_rank == 5 else 1
+        cbo = ys[4]
         nrows = n_o * cbo
         k = c_o * cbi
         ntile = _div(hw + (TILE - 1), TILE)
