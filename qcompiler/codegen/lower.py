@@ -248,9 +248,10 @@ class _Lowering:
         self.kernels: list[str] = []
         self.cache: dict[int, list] = {}
         self.shared: dict = {}
-        # (root, var, emit) in emission order; emit(bb, sub) emits the kernel call again in bb with its
-        # input expressions mapped by sub (the debug functions replay main's calls) and returns the result
-        self.calls: list[tuple[Value, relax.Var, Callable]] = []
+        # (root, var, call, emit) in emission order: call is main's call_tir; emit(bb, sub) emits it
+        # again in bb with its inputs mapped by sub (the debug functions replay main's calls, with any
+        # views around them) and returns (the stored value, the call_tir)
+        self.calls: list[tuple[Value, relax.Var, relax.Call, Callable]] = []
         self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
 
     def storage_dtype(self, v: Value) -> str:
@@ -344,9 +345,11 @@ class _Lowering:
         args, ty = [e for _, e in ctx.params], relax.TensorType(phys, sdt)
 
         def emit(bb, sub, name=_hint(root.name)):
-            return bb.emit(relax.call_tir(gv, [sub(a) for a in args], ty), name_hint=name)
-        self.stored[root] = Stored(emit(bb, lambda a: a), phys, sdt, block)
-        self.calls.append((root, self.stored[root].expr, emit))
+            call = relax.call_tir(gv, [sub(a) for a in args], ty)
+            return bb.emit(call, name_hint=name), call
+        var, call = emit(bb, lambda a: a)
+        self.stored[root] = Stored(var, phys, sdt, block)
+        self.calls.append((root, var, call, emit))
 
     def _emit_shared(self, bb: relax.BlockBuilder, root: Value, p) -> None:
         """A call of the shape-generic sparse kernel (:mod:`.kernels.sparse_shared`) for ``p``'s
@@ -367,10 +370,12 @@ class _Lowering:
             # the kernel takes every tensor as NCHW{b}c: a plain NCHW one as a (N, C, H, W, 1) view
             ins = [bb.emit(relax.op.reshape(sub(a), (*a.ty.shape, 1))) if len(a.ty.shape) == 4 else sub(a)
                    for a in args]
-            out = bb.emit(relax.call_tir(gv, ins, relax.TensorType(kshared.rank5(phys), sdt)), name_hint=name)
-            return out if len(phys) == 5 else bb.emit(relax.op.reshape(out, phys), name_hint=name)
-        self.stored[root] = Stored(emit(bb, lambda a: a), phys, sdt, blk)
-        self.calls.append((root, self.stored[root].expr, emit))
+            call = relax.call_tir(gv, ins, relax.TensorType(kshared.rank5(phys), sdt))
+            out = bb.emit(call, name_hint=name)
+            return (out if len(phys) == 5 else bb.emit(relax.op.reshape(out, phys), name_hint=name)), call
+        var, call = emit(bb, lambda a: a)
+        self.stored[root] = Stored(var, phys, sdt, blk)
+        self.calls.append((root, var, call, emit))
 
     def _add_kernel(self, bb: relax.BlockBuilder, func, sched, hint: str) -> relax.GlobalVar:
         """Schedule ``func`` and add it to the module, reusing an identical kernel (same
@@ -462,10 +467,10 @@ class _Lowering:
             return
         if self.spec.family == "cuda":
             return        # tvm.compile's CUDA pipeline fuses call_tirs: debug could differ from main
-        if not any(root.type.quant is not None and root.dtype not in FLOATS for root, _, _ in self.calls):
+        if not any(root.type.quant is not None and root.dtype not in FLOATS for root, *_ in self.calls):
             return
         stored = [(root, var, relax.TensorType(self.stored[root].phys, self.stored[root].dtype))
-                  for root, var, _ in self.calls]
+                  for root, var, *_ in self.calls]
         for name, alone in (("debug", False), ("debug_alone", True)):
             params = [relax.Var(_hint(v.name), relax.TensorType(v.shape, v.dtype)) for v in graph.inputs]
             subst = {self.stored[v].expr: p for v, p in zip(graph.inputs, params)}
@@ -476,8 +481,8 @@ class _Lowering:
             results = []
             with bb.function(name, params):
                 with bb.dataflow():
-                    for root, var, emit in self.calls:
-                        out = emit(bb, lambda a: subst.get(a, a))
+                    for root, var, _, emit in self.calls:
+                        out, _ = emit(bb, lambda a: subst.get(a, a))
                         results.append(out)
                         if not alone:
                             subst[var] = out

@@ -344,7 +344,7 @@ def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float 
     groups = {id(g.root): g for g in plan(graph)}
     rng = np.random.default_rng(0)
     out, seen = [], {}
-    for root, _, call in low.calls:
+    for root, _, call, _ in low.calls:
         gv = call.args[0]
         name = gv.name_hint
         args = [_arg(a, dev, rng, remote is not None) for a in call.args[1].fields]
