@@ -104,9 +104,9 @@ the same figures to three digits (rec 9.1e-2, det 5.2e-1: another float32 summat
 from __future__ import annotations
 
 import os
-from typing import Callable
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype: bf16 weight constants)
 import numpy as np
