@@ -125,7 +125,7 @@ from .kernels import reduce as kred
 from .kernels import shape as kshape
 from .kernels import sparse as ksparse
 from .kernels import sparse_shared as kshared
-from .kernels.tensor import FLOATS, Buf, LTensor, materialize, scalar
+from .kernels.tensor import FLOATS, Buf, LTensor, materialize, phys_shape, scalar
 from .schedules import cuda_wmma
 from .schedules import x86 as sched_x86
 from .target import TargetSpec
@@ -361,14 +361,13 @@ class _Lowering:
             gv = bb.add_func(kshared.build(p.key).without_attr("global_symbol"), name)
             self.shared[p.key] = gv
         sdt = p.key.out_dtype
-        shape = tuple(root.shape)
         blk = p.out_block
-        phys = (shape[0], shape[1] // blk, shape[2], shape[3], blk) if blk else shape
+        phys = phys_shape(root.shape, blk)
         args = kshared.relax_args(p, self.stored)
 
         def emit(bb, sub, name=_hint(root.name)):
             # the kernel takes every tensor as NCHW{b}c: a plain NCHW one as a (N, C, H, W, 1) view
-            ins = [bb.emit(relax.op.reshape(sub(a), (*a.ty.shape, 1))) if len(a.ty.shape) == 4 else sub(a)
+            ins = [bb.emit(relax.op.reshape(sub(a), kshared.rank5(a.ty.shape))) if len(a.ty.shape) == 4 else sub(a)
                    for a in args]
             call = relax.call_tir(gv, ins, relax.TensorType(kshared.rank5(phys), sdt))
             out = bb.emit(call, name_hint=name)

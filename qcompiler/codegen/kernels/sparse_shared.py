@@ -165,18 +165,28 @@ def _sizes(key: Key) -> tuple[int, int, int]:
 def pack(sc, fold, m, ptr, shift, cols, values) -> np.ndarray:
     """One layer's constants as one byte array (one VM constant and one kernel argument instead of
     seven: each costs ~60 B of constant header, an argument slot in every call and a check in the
-    kernel's wrapper). Layout, every section aligned to its element size (the VM allocates
-    constants 64-byte aligned)::
+    kernel's wrapper), at the byte offsets of :func:`_offsets` (the VM allocates constants 64-byte
+    aligned, so every section is aligned to its element size)::
 
         sc int64[3 | 11] · fold int32[N] · m int32[N] · row_ptr P[N+1] · shift int8[N] · pad · col C[nnz] · values int8[nnz]
     """
-    out, off = [], 0
-    for a in (sc, fold, m, ptr, shift, cols, values):
-        a = np.ascontiguousarray(a)
-        pad = -off % a.dtype.itemsize
-        out += [np.zeros(pad, np.uint8), a.view(np.uint8)]
-        off += pad + a.nbytes
-    return np.concatenate(out)
+    arrays = [np.ascontiguousarray(a) for a in (sc, fold, m, ptr, shift, cols, values)]
+    offs = _offsets(len(sc), len(fold), ptr.dtype.itemsize, cols.dtype.itemsize, len(cols), lambda a, b: a // b)
+    out = np.zeros(offs[-1] + values.nbytes, np.uint8)
+    for a, o in zip(arrays, offs):
+        out[o:o + a.nbytes] = a.view(np.uint8)
+    return out
+
+
+def _offsets(n_sc, n, psz, csz, nnz, div) -> tuple:
+    """Byte offsets of :func:`pack`'s sections (sc, fold, m, row_ptr, shift, col, values) for ``n``
+    rows, ``psz``/``csz``-byte row pointers/columns and ``nnz`` entries; ``div``: integer division
+    (Python's, or TIR's for the kernel's symbolic sizes), for the one alignment padding (col)."""
+    o_fold = 8 * n_sc
+    o_ptr = o_fold + 8 * n
+    o_sh = o_ptr + psz * (n + 1)
+    o_col = div(o_sh + n + (csz - 1), csz) * csz
+    return 0, o_fold, o_fold + 4 * n, o_ptr, o_sh, o_col, o_col + csz * nnz
 
 
 def _div(a, b):
@@ -191,17 +201,15 @@ def _mod(a, b):
 def _unpack(bb, key: Key, n):
     """Views of the sections of :func:`pack`'s byte array ``bb`` for a layer of ``n`` rows."""
     n_sc, psz, csz = _sizes(key)
+    dtypes = (I64, I32, I32, key.ptr_dtype, "int8", key.col_dtype, "int8")
 
-    def view(dtype, off, size):      # off: a byte offset, a multiple of size; the view ends with the array
-        return T.decl_buffer((_div(bb.shape[0] - off, size),), dtype, data=bb.data, elem_offset=_div(off, size))
-    o_fold = 8 * n_sc
-    o_ptr = o_fold + 8 * n
-    o_sh = o_ptr + psz * (n + 1)
-    o_col = _div(o_sh + n + (csz - 1), csz) * csz
-    rpb = view(key.ptr_dtype, o_ptr, psz)
-    nnz = T.bind(cast(rpb[n], I32))
-    return (view(I64, 0, 8), view(I32, o_fold, 4), view(I32, o_fold + 4 * n, 4), rpb,
-            view("int8", o_sh, 1), view(key.col_dtype, o_col, csz), view("int8", o_col + csz * nnz, 1))
+    def view(i, offs):       # offs[i]: a byte offset, a multiple of the section's element size
+        size = np.dtype(dtypes[i]).itemsize
+        return T.decl_buffer((_div(bb.shape[0] - offs[i], size),), dtypes[i], data=bb.data,
+                             elem_offset=_div(offs[i], size))
+    rpb = view(3, _offsets(n_sc, n, psz, csz, 0, _div))          # the row pointers give nnz
+    offs = _offsets(n_sc, n, psz, csz, T.bind(cast(rpb[n], I32)), _div)
+    return tuple(rpb if i == 3 else view(i, offs) for i in range(7))
 
 
 def _flat(buf):
