@@ -161,13 +161,14 @@ def _splits(op: Op, opts: QuantizeOptions) -> bool:
 def split_names(graph: Graph, opts: QuantizeOptions) -> set[str]:
     """The names :func:`_prepare` gives the ops it splits off (``NAME_add``, ``NAME_<activation>``),
     which the selection and the report print; ``--keep-float`` accepts them before the split."""
-    out = set()
-    for op in graph.ops:
-        if _splits(op, opts):
-            act = op.attrs.get("activation", "")
-            out |= {op.name + "_add"} if len(op.operands) == 4 else set()
-            out |= {op.name + "_" + act.lower()} if act else set()
-    return out
+    return {n for op in graph.ops if _splits(op, opts) for n in _split_off(op) if n}
+
+
+def _split_off(op: Op) -> tuple[str | None, str | None]:
+    """The names of the residual Add and the activation op :func:`_prepare` splits off ``op`` (None:
+    not made): whenever ``op`` splits, it has a residual or an activation that stays float."""
+    act = op.attrs.get("activation", "")
+    return (op.name + "_add" if len(op.operands) == 4 else None, op.name + "_" + act.lower() if act else None)
 
 
 def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
@@ -183,11 +184,12 @@ def _prepare(graph: Graph, opts: QuantizeOptions) -> None:
                                params if keep else []}, result_types=[r.type], name=name + "_base",
                                result_names=[r.name + "_acc"], before=op)
         last = base.result
+        add_name, act_name = _split_off(op)
         if z is not None:
-            last = graph.create_op("Add", [last, z], name=name + "_add", result_names=[r.name + "_add"],
+            last = graph.create_op("Add", [last, z], name=add_name, result_names=[r.name + "_add"],
                                    before=op).result
         if act and not keep:
-            last = make_activation(graph, act, params, last, name=name + "_" + act.lower(), before=op).result
+            last = make_activation(graph, act, params, last, name=act_name, before=op).result
         graph.replace_op(op, [last])
         graph.rename_op(base, name)
         if not graph.has_value(rname):
