@@ -426,6 +426,34 @@ def test_qlinearconv_dot_paths_bit_exact(strict, isa, storage, c, o, group, k, s
     check_exact(g, {"x": qin(ACT[storage], (2, c, 9, 11))}, f"{isa} QLinearConv {storage} {c}->{o} g{group}", spec)
 
 
+@pytest.mark.parametrize("vw, ow, tile", [
+    (8, 14, (8, 7)),     # AVX2 (12 accumulators): 2 columns of two registers vs 7 of one -> one
+    (8, 7, (8, 7)),
+    (8, 32, (16, 4)),    # 4 x 2 = 8 accumulators either way: two registers (fewer broadcasts)
+    (8, 8, (16, 4)),
+    (8, 11, (8, 11)),
+    (16, 14, (32, 14)),  # AVX-512 (28): 14 columns of two registers
+    (16, 17, (16, 17)),
+])
+def test_register_tile_holds_the_most_accumulators(vw, ow, tile):
+    from types import SimpleNamespace
+
+    from qcompiler.codegen.kernels.conv import register_tile
+    assert register_tile(ow, SimpleNamespace(vw=vw), vw, True) == tile
+    assert register_tile(ow, SimpleNamespace(vw=vw), vw, False)[0] == vw
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_qlinearconv_one_register_tile_bit_exact(strict, isa):
+    """mnistnet's second conv (32 -> 64, 3x3, 14x14): on AVX2 a tile of 7 columns of one register
+    of output channels (:func:`register_tile`), checked against the integer reference."""
+    spec = isa_spec(isa)
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, 32, 14, 14), "uint8", U8))
+    g.outputs = [add_qconv(g, x, 64, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    check_exact(g, {"x": qin(U8, (1, 32, 14, 14))}, f"{isa} QLinearConv 32->64 14x14", spec)
+
+
 @pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("storage, m, k, n", [("uint8", 3, 21, 10), ("int8", 4, 64, 33), ("uint8", 1, 7, 3),
                                                ("int8", 5, 130, 17), ("uint8", 16, 96, 48)])

@@ -159,14 +159,13 @@ def _blocking(ctx, isa: DotIsa, kgp: int, lanes: int, ow: int, groups: int) -> t
     64->64 3x3 conv at 28x28: 1.50 cycles per sdot with bo = 4 and the x86 register budget,
     1.10 with bo = 8, 0.98 with bo = 8 and this budget, 0.56 with the indexed sdot
     (:func:`..intrin_arm.register_lane`) on top (the bound is 0.5: two sdot pipes)."""
-    from .conv import _reg_n
+    from .conv import _reg_n, register_tile
     if isa.kind == "sdot":
         bo = 2 * lanes if kgp % (2 * lanes) == 0 else lanes
         regs = bo // lanes
         cap = min(16, (32 - 2 - groups * regs) // regs)
         return bo, max(d for d in range(1, min(ow, cap) + 1) if ow % d == 0)
-    bo = 2 * lanes if kgp % (2 * lanes) == 0 and ow >= 8 else lanes
-    return bo, _reg_n(ow, ctx, bo * ctx.vw // lanes)
+    return register_tile(ow, ctx, lanes, kgp % (2 * lanes) == 0 and ow >= 8)
 
 
 def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zeff):
