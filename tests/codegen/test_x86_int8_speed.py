@@ -287,3 +287,19 @@ def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
         check_exact(g, feeds, "stem conv parallel")
     finally:
         sched.INT8_MAC_NS = old
+
+
+@pytest.mark.parametrize("c, o, hw, parallel", [
+    (32, 64, 8, False),     # uspsnet's second conv: 1.2 M MACs, 19 us serial on one Zen 3 core
+    (32, 32, 32, True),     # svhnnet's second conv: 9.4 M MACs, ~145 us serial
+])
+def test_int8_dot_conv_threads_only_where_the_work_pays(c, o, hw, parallel):
+    """The thread rule at INT8_MAC_NS (60 MAC/ns, the measured AVX2 vpmaddwd rate): a 1.2 M-MAC
+    conv stays serial (at 30 MAC/ns it launched threads and uspsnet took 35.3 against 30.2 us at 2
+    threads), a 9.4 M-MAC conv runs on the thread pool."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
+    g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    mod = lower(g, SPEC)
+    conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
+    assert ("T.parallel" in conv.script()) == parallel

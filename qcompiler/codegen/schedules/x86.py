@@ -41,10 +41,14 @@ MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than th
 # and gemms) at INT8_MAC_NS: rapidocr-cls's stem conv (3 -> 8 channels, 3x3 s2, 24x96), whose input
 # channels vpdpbusd pads to 4, summed 663 K int8 MACs in 30 us serial against 497 K fp32 MACs in
 # 34 us (1.5x the rate); at MAC_NS it was estimated 47 us and ran parallel, 120 us at 2 threads
-# with the other core busy, while the fp32 build kept it serial.
+# with the other core busy, while the fp32 build kept it serial. The int8 rate is 3x MAC_NS
+# (60 MAC/ns): the dot-product convs of the digit models run at 51-78 MAC/ns on one Zen 3 core
+# with AVX2 vpmaddwd (their requantization epilogue counted apart at ELEM_NS per output), the VNNI
+# ones at ~170; at 1.5x uspsnet's 32->64 3x3 conv at 8x8 (1.2 M MACs, 19 us serial) was
+# estimated 41 us and ran parallel, the whole model 35.3 us at 2 threads against 30.2 us serial.
 PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
 MAC_NS, ELEM_NS = 1 / 20, 0.25
-INT8_MAC_NS = MAC_NS / 1.5
+INT8_MAC_NS = MAC_NS / 3
 _serial = False                # set by apply() for the kernel being scheduled
 
 
