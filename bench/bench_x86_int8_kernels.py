@@ -6,6 +6,7 @@
     python bench/bench_x86_int8_kernels.py --features=-avx512vnni,-avxvnni   # the AVX2 (no VNNI) path
     python bench/bench_x86_int8_kernels.py --what kernels --models cls --threads 1   # per-kernel profile
     python bench/bench_x86_int8_kernels.py --what kernels --models svhn --threads 1  # ... with % of VNNI peak
+                                                     # (without VNNI: of the vpmaddwd peak, bench/x86_avx2_peak.c)
 
 Layers: one convolution (or gemm) per graph, fp32 ``Conv`` (activation fused by the default passes) against ``QLinearConv`` on uint8
 input/output with per-channel int8 weights and the fused requantization (no Quantize/Dequantize
@@ -287,6 +288,11 @@ def amx_peak_gmacs() -> float | None:
     return _c_peak("x86_amx_peak.c", ["-mamx-tile", "-mamx-int8"], "amx_int8", "tdpbusd:")
 
 
+def avx2_peak_gmacs() -> float | None:
+    """One core's exact int8 peak without VNNI in GMAC/s: vpmaddwd + vpaddd (bench/x86_avx2_peak.c)."""
+    return _c_peak("x86_avx2_peak.c", [], "avx2", "vpmaddwd ymm:")
+
+
 def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: int) -> str:
     """' <GMAC/s> <%>' of an int8 conv/gemm kernel against ``peak`` GMAC/s per core (times the
     threads for a kernel on the thread pool)."""
@@ -298,8 +304,13 @@ def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: i
 
 def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1):
     import tvm
-    peak = vnni_peak_gmacs()
-    if peak is not None:
+    peak, peak_name = vnni_peak_gmacs(), "VNNI"
+    if peak is None and "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
+        peak, peak_name = avx2_peak_gmacs(), "vpmaddwd"
+        if peak is not None:
+            print(f"no VNNI: exact vpmaddwd + vpaddd peak (bench/x86_avx2_peak.c): {peak:.0f} GMAC/s per core; "
+                  f"int8 conv/gemm kernels print GMAC/s and % of it (x {threads} threads for * kernels)")
+    elif peak is not None:
         print(f"VNNI peak (bench/x86_vnni_peak.c): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
               f"GMAC/s and % of it (x {threads} threads for * kernels)")
         amx = amx_peak_gmacs()
@@ -352,7 +363,7 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1)
             g_dot, g_all = n_dot / (t_dot * 1e-3) / 1e9, all_macs / (t[1] * 1e-3) / 1e9       # times in ms
             print(f"int8 conv/gemm kernels: {n_dot / 1e6:.1f} M MACs in {t_dot * 1e3:.1f} us = {g_dot:.0f} GMAC/s; "
                   f"whole model (VM): {g_all:.0f} GMAC/s = {100 * g_all / (peak * threads):.0f} % "
-                  f"of {threads} core(s)' VNNI peak", flush=True)
+                  f"of {threads} core(s)' {peak_name} peak", flush=True)
 
 
 def main(argv=None) -> int:
