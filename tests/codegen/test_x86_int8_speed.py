@@ -296,10 +296,12 @@ def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
 def test_int8_dot_conv_threads_only_where_the_work_pays(c, o, hw, parallel):
     """The thread rule at INT8_MAC_NS (60 MAC/ns, the measured AVX2 vpmaddwd rate): a 1.2 M-MAC
     conv stays serial (at 30 MAC/ns it launched threads and uspsnet took 35.3 against 30.2 us at 2
-    threads), a 9.4 M-MAC conv runs on the thread pool."""
+    threads), a 9.4 M-MAC conv runs on the thread pool, in one launch: its packing stage (34x34x32
+    int16, ~10 us at ELEM_NS) stays serial instead of waking the workers a second time (svhnnet
+    400 -> 371 us at 2 threads)."""
     g = Graph("q")
     x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
     mod = lower(g, SPEC)
     conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
-    assert ("T.parallel" in conv.script()) == parallel
+    assert conv.script().count("T.parallel") == (1 if parallel else 0)
