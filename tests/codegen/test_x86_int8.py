@@ -412,6 +412,11 @@ DOT_CONVS = [  # (storage, C, O, group, kernel, strides, dilations, pads, activa
     ("uint8", 32, 32, 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Relu"),    # depthwise: taps in groups
     ("int8", 24, 24, 24, (5, 5), (2, 2), (1, 1), (2, 1, 2, 2), "Clip"),     # depthwise 5x5 s2, 8-channel blocks
     ("uint8", 20, 20, 20, (3, 3), (1, 2), (2, 2), (2, 2, 2, 2), ""),        # depthwise dilated, 4-channel blocks
+    # one input channel: kernel taps folded into the dot product's groups (qdot.fold_taps)
+    ("uint8", 1, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Relu"),      # mnistnet's stem
+    ("int8", 1, 16, 1, (5, 5), (2, 2), (1, 2), (2, 1, 0, 3), ""),           # 5x5 (folds for q = 2 and 4), dilated
+    ("uint8", 1, 8, 1, (3, 3), (1, 2), (2, 1), (0, 2, 1, 1), "Clip"),       # strided, asymmetric pads
+    ("uint8", 1, 8, 1, (2, 2), (1, 1), (1, 1), (0, 0, 1, 1), ""),           # even width: not folded
 ]
 
 

@@ -22,6 +22,9 @@ Operands, packed so that one group is one 32-bit word and one weight tile one ve
   (one or two registers of L lanes) by q input channels, zero for padded channels; the output
   channels of each group are padded to a multiple of 4 when L would not divide them.
 
+A one-channel conv (grayscale stem) whose kernel width S ≡ 1 (mod q) groups q horizontal taps
+instead of padding its channel to q (:func:`fold_taps`).
+
 Depthwise convs stay on the plain int16-product kernel (:func:`.conv.conv2d_accumulate`): they
 have no channel reduction, and a per-lane ``vpdpbusd`` over groups of 4 kernel taps (activations
 replicated per tap into a (…, x_out, tap group, c, 4) layout) was measured on rapidocr-det at
@@ -104,6 +107,8 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     """The int32 accumulator of a (grouped, strided, dilated, padded) convolution on dot-product
     instructions. Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
     from .conv import _attrs2d
+    if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] % isa.group == 1 % isa.group and w.shape[3] > 1:
+        x, w, a = fold_taps(x, w, a, zx, isa.group)
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
     g = a["group"]
@@ -147,6 +152,42 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
         return Buf(acc, out_shape, I32, bo).at, zeff
     accb = Buf(acc, (n, g * kgp, oh, ow), I32, bo)
     return (lambda idx: accb.at((idx[0], (idx[1] // kg) * kgp + idx[1] % kg, idx[2], idx[3]))), zeff
+
+
+def fold_taps(x, w: np.ndarray, a, zx: int, q: int):
+    """A one-channel conv (a grayscale stem) as a q-channel conv over q horizontally shifted copies
+    of its input, so that the q-wide dot product multiplies q kernel taps instead of one channel
+    and q - 1 zero-weight padding channels (mnistnet's 1->32 3x3 stem on vpmaddwd: 6 instead of 9
+    pairs per output)::
+
+        x_q[n, j, y, p] = x[n, 0, y, p - pl + j·dw]   (z_x outside the row)      j < q
+        w_q[k, j, rh, t] = w[k, 0, rh, q·t + j]        (0 where q·t + j >= S)     t < ceil(S / q)
+
+    with the left/right padding folded into x_q (the conv keeps its top/bottom padding), and
+    width dilation q·dw. Output column o reads x_q at p = o·sw + t·q·dw, channel j, i.e. x at
+    o·sw + (q·t + j)·dw - pl: the original tap q·t + j, so the sum is the same integer sum over the
+    same products in another order (exact). The extents agree, q·dw·(ceil(S/q) - 1) + 1 =
+    dw·(S - 1) + 1, when S ≡ 1 (mod q), the caller's condition. Returns (x_q, w_q, attrs)."""
+    from .conv import _attrs2d
+    from .tensor import Lazy
+    n, _, h, wd = x.shape
+    k, _, r, s = w.shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
+    st = (s - 1) // q + 1
+    width = wd + pl + pr
+    fill = tirx.const(zx, x.cdtype)
+
+    def xq(idx):
+        i, j, y, p = idx
+        col = p - pl + j * dw
+        return tirx.if_then_else(tirx.all(col >= 0, col < wd), x.at((i, 0, y, col)), fill)
+    wq = np.zeros((k, q, r, st), w.dtype)
+    for t in range(st):
+        for j in range(q):
+            if q * t + j < s:
+                wq[:, j, :, t] = w[:, 0, :, q * t + j]
+    attrs = dict(a, pads=[pt, 0, pb, 0], dilations=[dh, q * dw], kernel_shape=[r, st])
+    return Lazy((n, q, h, width), x.dtype, xq), wq, attrs
 
 
 def _blocking(ctx, isa: DotIsa, kgp: int, lanes: int, ow: int, groups: int) -> tuple[int, int]:
