@@ -35,48 +35,30 @@ static double timed(void (*body)(long), long n) {
     return now() - t0;
 }
 
-/* vpmaddwd into a temporary, vpaddd into one of 6 accumulators (ymm0-5); operands ymm14, ymm15. */
-static void exact_loop(long n) {
-    __asm__ volatile(
-        "vpxor %%ymm14, %%ymm14, %%ymm14\n vpxor %%ymm15, %%ymm15, %%ymm15\n"
-        "1:\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm8\n vpaddd %%ymm8, %%ymm0, %%ymm0\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm9\n vpaddd %%ymm9, %%ymm1, %%ymm1\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm10\n vpaddd %%ymm10, %%ymm2, %%ymm2\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm11\n vpaddd %%ymm11, %%ymm3, %%ymm3\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm12\n vpaddd %%ymm12, %%ymm4, %%ymm4\n"
-        " vpmaddwd %%ymm14, %%ymm15, %%ymm13\n vpaddd %%ymm13, %%ymm5, %%ymm5\n"
-        " dec %0\n jnz 1b\n vzeroupper\n"
-        : "+r"(n) : : CLOBBER, "cc");
+/* One timed loop: ``init`` zeroes the operands, ``body`` is the unrolled iteration. */
+#define LOOP(n, init, body) \
+    __asm__ volatile(init "1:\n" body " dec %0\n jnz 1b\n vzeroupper\n" : "+r"(n) : : CLOBBER, "cc")
+#define ZERO(r) "vpxor %%ymm" #r ", %%ymm" #r ", %%ymm" #r "\n"
+/* exact: vpmaddwd into temporary t, vpaddd into accumulator c; operands ymm14, ymm15 */
+#define EXACT(t, c) " vpmaddwd %%ymm14, %%ymm15, %%ymm" #t "\n vpaddd %%ymm" #t ", %%ymm" #c ", %%ymm" #c "\n"
+/* u8s8: vpmaddubsw into t, vpmaddwd with ones (ymm13), vpaddd into c */
+#define U8S8(t, c) " vpmaddubsw %%ymm14, %%ymm15, %%ymm" #t "\n vpmaddwd %%ymm" #t ", %%ymm13, %%ymm" #t "\n" \
+                   " vpaddd %%ymm" #t ", %%ymm" #c ", %%ymm" #c "\n"
+#define FMA(c) " vfmadd231ps %%ymm14, %%ymm15, %%ymm" #c "\n"
+
+static void exact_loop(long n) {          /* 6 accumulators, 16 multiply-adds per pair */
+    LOOP(n, ZERO(14) ZERO(15),
+         EXACT(8, 0) EXACT(9, 1) EXACT(10, 2) EXACT(11, 3) EXACT(12, 4) EXACT(13, 5));
 }
 
-/* vpmaddubsw, vpmaddwd with ones (ymm13), vpaddd into one of 6 accumulators. */
-static void u8s8_loop(long n) {
-    __asm__ volatile(
-        "vpxor %%ymm14, %%ymm14, %%ymm14\n vpxor %%ymm15, %%ymm15, %%ymm15\n vpxor %%ymm13, %%ymm13, %%ymm13\n"
-        "1:\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm6\n vpmaddwd %%ymm6, %%ymm13, %%ymm6\n vpaddd %%ymm6, %%ymm0, %%ymm0\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm7\n vpmaddwd %%ymm7, %%ymm13, %%ymm7\n vpaddd %%ymm7, %%ymm1, %%ymm1\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n vpmaddwd %%ymm8, %%ymm13, %%ymm8\n vpaddd %%ymm8, %%ymm2, %%ymm2\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm9\n vpmaddwd %%ymm9, %%ymm13, %%ymm9\n vpaddd %%ymm9, %%ymm3, %%ymm3\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm10\n vpmaddwd %%ymm10, %%ymm13, %%ymm10\n vpaddd %%ymm10, %%ymm4, %%ymm4\n"
-        " vpmaddubsw %%ymm14, %%ymm15, %%ymm11\n vpmaddwd %%ymm11, %%ymm13, %%ymm11\n vpaddd %%ymm11, %%ymm5, %%ymm5\n"
-        " dec %0\n jnz 1b\n vzeroupper\n"
-        : "+r"(n) : : CLOBBER, "cc");
+static void u8s8_loop(long n) {           /* 6 accumulators, 32 multiply-adds per triple */
+    LOOP(n, ZERO(13) ZERO(14) ZERO(15),
+         U8S8(6, 0) U8S8(7, 1) U8S8(8, 2) U8S8(9, 3) U8S8(10, 4) U8S8(11, 5));
 }
 
-/* 10 independent vfmadd231ps chains (ymm0-9). */
-static void fp32_loop(long n) {
-    __asm__ volatile(
-        "vxorps %%ymm14, %%ymm14, %%ymm14\n vxorps %%ymm15, %%ymm15, %%ymm15\n"
-        "1:\n"
-        " vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n vfmadd231ps %%ymm14, %%ymm15, %%ymm1\n"
-        " vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n vfmadd231ps %%ymm14, %%ymm15, %%ymm3\n"
-        " vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n"
-        " vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n vfmadd231ps %%ymm14, %%ymm15, %%ymm7\n"
-        " vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n vfmadd231ps %%ymm14, %%ymm15, %%ymm9\n"
-        " dec %0\n jnz 1b\n vzeroupper\n"
-        : "+r"(n) : : CLOBBER, "cc");
+static void fp32_loop(long n) {           /* 10 independent chains, 8 multiply-adds each */
+    LOOP(n, ZERO(14) ZERO(15),
+         FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7) FMA(8) FMA(9));
 }
 
 int main(void) {
