@@ -64,6 +64,7 @@ GEMMS = {"gemm 1x1024->1000": (1, 1024, 1000), "gemm 64x512->384": (64, 512, 384
 
 
 from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
+from qcompiler.runtime.device import cpu_flags  # noqa: E402
 
 
 def _compile(g, spec):
@@ -267,7 +268,7 @@ def _c_peak(source: str, flags: list[str], cpu_flag: str, tag: str) -> float | N
     import subprocess
     import tempfile
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or cpu_flag not in Path("/proc/cpuinfo").read_text():
+    if cc is None or cpu_flag not in (cpu_flags() or set()):
         return None
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "peak"
@@ -304,15 +305,13 @@ def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: i
 
 def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1):
     import tvm
-    peak, peak_name = vnni_peak_gmacs(), "VNNI"
-    if peak is None and "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
-        peak, peak_name = avx2_peak_gmacs(), "vpmaddwd"
-        if peak is not None:
-            print(f"no VNNI: exact vpmaddwd + vpaddd peak (bench/x86_avx2_peak.c): {peak:.0f} GMAC/s per core; "
-                  f"int8 conv/gemm kernels print GMAC/s and % of it (x {threads} threads for * kernels)")
-    elif peak is not None:
-        print(f"VNNI peak (bench/x86_vnni_peak.c): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
+    peak, peak_name, source = vnni_peak_gmacs(), "VNNI", "x86_vnni_peak.c"
+    if peak is None and "avx512_vnni" not in (cpu_flags() or set()):     # AVX2 only: the exact vpmaddwd peak
+        peak, peak_name, source = avx2_peak_gmacs(), "vpmaddwd", "x86_avx2_peak.c"
+    if peak is not None:
+        print(f"{peak_name} peak (bench/{source}): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
               f"GMAC/s and % of it (x {threads} threads for * kernels)")
+    if peak is not None and peak_name == "VNNI":
         amx = amx_peak_gmacs()
         if amx is not None:
             print(f"AMX-INT8 peak (bench/x86_amx_peak.c): {amx:.0f} GMAC/s per core, {amx / peak:.1f}x VNNI "

@@ -107,7 +107,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     """The int32 accumulator of a (grouped, strided, dilated, padded) convolution on dot-product
     instructions. Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
     from .conv import _attrs2d
-    if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] % isa.group == 1 % isa.group and w.shape[3] > 1:
+    if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] % isa.group == 1 and w.shape[3] > 1:
         x, w, a = fold_taps(x, w, a, zx, isa.group)
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
@@ -172,7 +172,7 @@ def fold_taps(x, w: np.ndarray, a, zx: int, q: int):
     from .tensor import Lazy
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
+    _, (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
     st = (s - 1) // q + 1
     width = wd + pl + pr
     fill = tirx.const(zx, x.cdtype)
