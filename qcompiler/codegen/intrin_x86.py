@@ -20,7 +20,8 @@ Two exact formulations of ``C[i] += Σ_k A[k] · B[i, k]`` (int32 accumulators, 
 The A operand is one 32-bit word (4 x u8 or 2 x s16) broadcast to all lanes, the B operand one
 vector register of packed weights. Each intrinsic is registered once per accumulator scope
 (``global`` and ``local``: tensorize matches buffer scopes) and lane count (4, 8, 16: xmm, ymm,
-zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``.
+zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``; :func:`wide_intrin` is pmaddwd with int16
+weights as well (``qc_x86_pmaddwd16_...``), for the Winograd-transformed operands.
 
 :class:`DotIsa` also describes ARM's ``sdot`` (s8 x s8, groups of 4, 4 lanes), whose intrinsic
 and target test live in :mod:`.intrin_arm`; :func:`int8_isa` answers for both families.
@@ -142,7 +143,7 @@ def dot_desc(k: int, lanes: int, adt: str, bdt: str, scope: str):
 
 def _make(kind: str, lanes: int, scope: str):
     k = 4 if kind == "vnni" else 2
-    adt, bdt = ("uint8", "int8") if kind == "vnni" else ("int16", "int8")
+    adt, bdt = {"vnni": ("uint8", "int8"), "pmaddwd": ("int16", "int8"), "pmaddwd16": ("int16", "int16")}[kind]
     word = lanes * k                       # elements in one B register
     a_vec, b_vec, c_vec = f"{adt}x{k}", f"{bdt}x{word}", f"int32x{lanes}"
     w_vec = f"int16x{word}"                # pmaddwd's B register: the int8 weights sign-extended
@@ -161,6 +162,19 @@ def _make(kind: str, lanes: int, scope: str):
                     T.llvm_lookup_intrinsic_id(_VNNI_LLVM[lanes]), C.vload([0], c_vec),
                     T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
                     B.vload([0, 0], dtype=b_vec), dtype=c_vec)
+    elif kind == "pmaddwd16":
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((k,), adt, offset_factor=1),
+                 B: T.Buffer((lanes, k), bdt, offset_factor=1),
+                 C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+                T.writes(C[0:lanes])
+                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
+                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(_PMADDWD_LLVM[lanes]),
+                    T.reinterpret(T.broadcast(a32, lanes), dtype=w_vec),
+                    B.vload([0, 0], dtype=w_vec), dtype=c_vec)
     else:
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), adt, offset_factor=1),
@@ -175,6 +189,12 @@ def _make(kind: str, lanes: int, scope: str):
                     T.reinterpret(T.broadcast(a32, lanes), dtype=w_vec),
                     T.cast(B.vload([0, 0], dtype=b_vec), w_vec), dtype=c_vec)
     return desc, impl
+
+
+def wide_intrin(lanes: int, scope: str = "local") -> str:
+    """``vpmaddwd`` on int16 A *and* B operands (``qc_x86_pmaddwd16_{L}_{scope}``): for operands
+    that need more than 8 bits, the transformed tiles of :mod:`.kernels.qwinograd`."""
+    return _register("pmaddwd16", lanes, scope)
 
 
 @lru_cache(maxsize=None)

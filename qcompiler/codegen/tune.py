@@ -7,7 +7,7 @@ compute-location decisions as random variables of a schedule trace) on *this* ma
 measured traces in a JSON database, and puts in the artifact whichever schedule is faster.
 
 Candidates: kernels whose buffers are all float (fp32/fp16 conv, depthwise, pool, dense, matmul,
-row-wise reductions, elementwise/packing). The int8 dot-product kernels (``conv2d_dot``/
+row-wise reductions, elementwise/packing). The int8 dot-product kernels (``conv2d_dot``, ``conv2d_winograd``,
 ``dense_dot``: VNNI / AVX2 ``pmaddwd`` tensor intrinsics that MetaSchedule's rules would not find)
 and the sparse kernels keep their hand schedules, as do integer kernels in general.
 
@@ -49,7 +49,7 @@ from ..errors import UserError
 from .target import TargetSpec
 
 INDEX = "qcompiler_tune.json"
-HAND_ONLY = ("sparse", "conv2d_dot", "dense_dot")     # tensor intrinsics / sparse formats: hand schedules
+HAND_ONLY = ("sparse", "conv2d_dot", "conv2d_winograd", "dense_dot")     # tensor intrinsics / sparse formats: hand schedules
 FLOATS = ("float32", "float16")
 # a tuned schedule only reorders float sums: max|tuned - hand| / max|hand| allowed, by output dtype
 # (fp32: ~300-term sums differ by a few ulp; fp16 storage: one rounding step, 2^-10)

@@ -292,13 +292,15 @@ def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
 @pytest.mark.parametrize("c, o, hw, parallel", [
     (32, 64, 8, False),     # uspsnet's second conv: 1.2 M MACs, 19 us serial on one Zen 3 core
     (32, 32, 32, True),     # svhnnet's second conv: 9.4 M MACs, ~145 us serial
+    (32, 64, 14, True),     # mnistnet's: 3.6 M MACs direct, 1.6 M gemm MACs as a Winograd conv (AVX2)
 ])
 def test_int8_dot_conv_threads_only_where_the_work_pays(c, o, hw, parallel):
     """The thread rule at INT8_MAC_NS (60 MAC/ns, the measured AVX2 vpmaddwd rate): a 1.2 M-MAC
     conv stays serial (at 30 MAC/ns it launched threads and uspsnet took 35.3 against 30.2 us at 2
     threads), a 9.4 M-MAC conv runs on the thread pool, in one launch: its packing stage (34x34x32
     int16, ~10 us at ELEM_NS) stays serial instead of waking the workers a second time (svhnnet
-    400 -> 371 us at 2 threads)."""
+    400 -> 371 us at 2 threads). On AVX2 the three are Winograd convs (one parallel loop, gemm MACs
+    at WINO_MAC_NS): the same answers."""
     g = Graph("q")
     x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]

@@ -25,6 +25,9 @@ Operands, packed so that one group is one 32-bit word and one weight tile one ve
 A one-channel conv (grayscale stem) whose kernel width S ≡ 1 (mod q) groups q horizontal taps
 instead of padding its channel to q (:func:`fold_taps`).
 
+On ``vpmaddwd`` (no VNNI) 3x3 stride-1 convs of >= 16 channels go to the Winograd kernel of
+:mod:`.qwinograd` instead (2.25x fewer multiplies, the same integer accumulator).
+
 Depthwise convs stay on the plain int16-product kernel (:func:`.conv.conv2d_accumulate`): they
 have no channel reduction, and a per-lane ``vpdpbusd`` over groups of 4 kernel taps (activations
 replicated per tap into a (…, x_out, tap group, c, 4) layout) was measured on rapidocr-det at

@@ -32,7 +32,7 @@ from ...ir.types import INT_RANGES, TensorType
 from ...quant.qparams import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from . import elementwise as kelem
-from . import qdot
+from . import qdot, qwinograd
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
 from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, dtype_of, linearize
 
@@ -186,7 +186,8 @@ def _float_channel_vec(ctx, vals: list[float], name: str):
 
 # ---- QLinearConv ----------------------------------------------------------------------------------
 def qconv2d(ctx, a, ins, outs):
-    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI; depthwise convs
+    """QLinearConv: the dot-product kernel of :mod:`.qdot` on x86 with AVX2/VNNI (3x3 stride-1 convs on
+    ``vpmaddwd``: Winograd F(2x2, 3x3), :mod:`.qwinograd`, bit-identical); depthwise convs
     on x86 the float32 kernel, exact while max|x|·Σ|w| < 2^24 (:func:`.conv.depthwise_int_exact_f32`);
     else the blocked conv with int16 products."""
     x = ins[0]
@@ -206,6 +207,8 @@ def qconv2d(ctx, a, ins, outs):
         acc_at, zx = _cuda_conv_s8s8(ctx, a, x, w, out_shape, zx)
     elif exact is not None:
         acc_at = exact                      # float32 FMAs, exact: see :mod:`.conv`
+    elif not depthwise and qdot.applicable(isa, x, w) and qwinograd.applicable(isa, a, x, w, out_shape):
+        acc_at, zx = qwinograd.conv2d(ctx, a, x, w, out_shape, zx, isa)
     elif not depthwise and qdot.applicable(isa, x, w):
         acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
     else:

@@ -10,6 +10,8 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
   rows, kernel columns, input channels) with ``reg_n × b`` accumulators in registers
   (``cache_write`` to ``local``), the ``b`` output channels being one vector. The epilogue
   (bias, residual, activation, cast) is inlined into the register write-back.
+* ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows holding
+  its input transform, 16 tensorized gemms and output transform (:func:`conv2d_winograd`).
 * ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
 * ``matmul``: batched, rows parallel, columns vectorized.
 * ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
@@ -47,9 +49,16 @@ MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than th
 # with AVX2 vpmaddwd (their requantization epilogue counted apart at ELEM_NS per output), the VNNI
 # ones at ~170; at 1.5x uspsnet's 32->64 3x3 conv at 8x8 (1.2 M MACs, 19 us serial) was
 # estimated 41 us and ran parallel, the whole model 35.3 us at 2 threads against 30.2 us serial.
+# The 16 int16 gemms of a Winograd conv (block "wgemm", :mod:`..kernels.qwinograd`) count at
+# WINO_MAC_NS (30 MAC/ns): vpmaddwd like the direct int8 convs, but with short reductions and small
+# register tiles (4-7 tile columns), and their transforms around them. mnistnet's 32->64 conv at
+# 14x14 (1.6 M gemm MACs) at INT8_MAC_NS was estimated 36 us and ran serial: 195 us for the model
+# at 2 threads on a 2-core AMD EPYC (Zen 1) against 150 us with it parallel; uspsnet's (0.5 M) is
+# the same either way (68.8 / 69.0 us) and stays serial.
 PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
 MAC_NS, ELEM_NS = 1 / 20, 0.25
 INT8_MAC_NS = MAC_NS / 3
+WINO_MAC_NS = MAC_NS / 1.5
 _serial = False                # set by apply() for the kernel being scheduled
 
 
@@ -64,7 +73,8 @@ def _serial_ns(sch) -> float:
         if not _is_reduction(sch, blk):
             total += n * ELEM_NS
         else:
-            total += n * (INT8_MAC_NS if _is_int8_dot(sch.get(blk)) else MAC_NS)
+            b = sch.get(blk)
+            total += n * (WINO_MAC_NS if b.name_hint == "wgemm" else INT8_MAC_NS if _is_int8_dot(b) else MAC_NS)
     return total
 
 
@@ -305,6 +315,53 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
         _pack_nest(sch, vw)
 
 
+def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
+    """int8 3x3 conv by Winograd F(2x2, 3x3) (:mod:`..kernels.qwinograd`): one parallel loop over
+    (image, tile row); inside it the input transform of the row's tiles ("wino_in", vectorized
+    over channels, its 16 transform positions unrolled so that the 4x4 window's loads are shared),
+    the 16 gemms ("wgemm", loops (n, ty, ε, ko, tx, ki, c2, iq): a register tile of ``reg_n``
+    tiles x ``ki`` channels, the (lanes x iq) step tensorized) and the output transform with the
+    requantization ("out", the 2x2 outputs of a tile unrolled)."""
+    out = sch.get_sblock("out")
+    n, cob, y, x, *cb = sch.get_loops(out)         # NCHW{b}c (NCHW: a graph output)
+    yo, ya = sch.split(y, [None, 2])
+    xo, xb = sch.split(x, [None, 2])
+    sch.reorder(n, yo, cob, xo, ya, xb, *cb)
+    par = sch.fuse(n, yo)
+    _parallel(sch, par)
+    sch.unroll(ya)
+    sch.unroll(xb)
+    if cb:
+        sch.vectorize(cb[0])
+
+    blk = sch.get_sblock("wgemm")
+    sch.compute_at(blk, par, preserve_unit_loops=True)
+    eps, ko, tx, ki, c2, iq = sch.get_loops(blk)[-6:]
+    txo, txi = sch.split(tx, [None, reg_n])
+    kio, kil = sch.split(ki, [None, lanes])
+    sch.reorder(eps, ko, txo, c2, txi, kio, kil, iq)
+
+    vin = sch.get_sblock("wino_in")
+    sch.compute_at(vin, par, preserve_unit_loops=True)
+    eps_v, tx_v, c_v = sch.get_loops(vin)[-3:]
+    cv = _extent(sch, c_v)
+    vl = 16 if cv % 16 == 0 else 8 if cv % 8 == 0 else 1
+    co_v, ci_v = sch.split(c_v, [None, vl])
+    sch.reorder(tx_v, co_v, eps_v, ci_v)
+    sch.unroll(eps_v)
+    if vl > 1:
+        sch.vectorize(ci_v)
+
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, txo, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    sch.unroll(txi)
+    sch.unroll(kio)
+    init = sch.decompose_reduction(blk, c2)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(kil, intrin)
+
+
 def _pack_nest(sch, vw):
     """The activation packing stage "pad": parallel over its leading loops where it pays (:func:`_parallel_stage`), inner loop vectorized."""
     p = sch.get_sblock("pad")
@@ -440,5 +497,6 @@ def generic(sch, vw, **_):
 
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
-         "dense": dense, "conv2d_dot": conv2d_dot, "dense_dot": dense_dot, "matmul": matmul,
+         "dense": dense, "conv2d_dot": conv2d_dot,
+         "conv2d_winograd": conv2d_winograd, "dense_dot": dense_dot, "matmul": matmul,
          "rowwise": rowwise, "se_mul": se_mul, "generic": generic}
