@@ -162,20 +162,7 @@ def _make(kind: str, lanes: int, scope: str):
                     T.llvm_lookup_intrinsic_id(_VNNI_LLVM[lanes]), C.vload([0], c_vec),
                     T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
                     B.vload([0, 0], dtype=b_vec), dtype=c_vec)
-    elif kind == "pmaddwd16":
-        @T.prim_func(s_tir=True)
-        def impl(A: T.Buffer((k,), adt, offset_factor=1),
-                 B: T.Buffer((lanes, k), bdt, offset_factor=1),
-                 C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope)) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
-                T.writes(C[0:lanes])
-                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
-                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(_PMADDWD_LLVM[lanes]),
-                    T.reinterpret(T.broadcast(a32, lanes), dtype=w_vec),
-                    B.vload([0, 0], dtype=w_vec), dtype=c_vec)
-    else:
+    else:                                  # pmaddwd (int8 B: sign-extended) and pmaddwd16 (the cast a no-op)
         @T.prim_func(s_tir=True)
         def impl(A: T.Buffer((k,), adt, offset_factor=1),
                  B: T.Buffer((lanes, k), bdt, offset_factor=1),
