@@ -354,7 +354,10 @@ def test_int8_artifact_at_most_0_3_of_fp32_resnet50(tmp_path):
     print(f"resnet50 model.so: fp32 {f32} B, int8 {i8} B, ratio {i8 / f32:.3f}; params {s['params_fp32_bytes']} "
           f"-> {s['params_int8_bytes']} B; report's fp32 estimate {s['library_fp32_bytes']} B")
     assert s["params_fp32_bytes"] > 4 * 10 ** 6 and s["params_ratio"] < 0.26
-    assert f32 > s["params_fp32_bytes"]                          # every weight is in the library once
+    # the weights are inside the fp32 library (a meaningful denominator), within 0.1 %: the library is
+    # the parameters plus code, less the few constants that compile to no data; built for a Zen 1
+    # (znver1, smaller code) it was 2.6 KB under the 102.1 MB of parameters, for a Zen 3 over them
+    assert f32 > 0.999 * s["params_fp32_bytes"]
     assert abs(s["library_fp32_bytes"] - f32) < 0.05 * f32        # the report's estimate is close
     assert i8 <= 0.3 * f32
 

@@ -321,7 +321,9 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
     over channels, its 16 transform positions unrolled so that the 4x4 window's loads are shared),
     the 16 gemms ("wgemm", loops (n, ty, ε, ko, tx, ki, c2, iq): a register tile of ``reg_n``
     tiles x ``ki`` channels, the (lanes x iq) step tensorized) and the output transform with the
-    requantization ("out", the 2x2 outputs of a tile unrolled)."""
+    requantization ("out", the 2x2 outputs of a tile unrolled). Before that loop, the transform of
+    the int8 weights ("wino_w", loops (ε, ko, c2, ki, iq): ε unrolled so that the 9 taps' loads are
+    shared, (ki, iq) one vector), on the thread pool where it pays alone."""
     out = sch.get_sblock("out")
     n, cob, y, x, *cb = sch.get_loops(out)         # NCHW{b}c (NCHW: a graph output)
     yo, ya = sch.split(y, [None, 2])
@@ -360,6 +362,17 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
     init = sch.decompose_reduction(blk, c2)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(kil, intrin)
+
+    wt = sch.get_sblock("wino_w")                 # the weight transform, before the parallel loop
+    loops = sch.get_loops(wt)
+    e_w, ko_w, c2_w, ki_w, iq_w = loops
+    pays = math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS
+    sch.reorder(ko_w, c2_w, e_w, ki_w, iq_w)
+    sch.unroll(e_w)
+    sch.vectorize(sch.fuse(ki_w, iq_w))
+    outer = sch.fuse(ko_w, c2_w)
+    if pays:
+        _parallel(sch, outer)
 
 
 def _pack_nest(sch, vw):
