@@ -112,3 +112,23 @@ def test_winograd_overflow_guard_keeps_the_direct_kernel():
     assert not qwinograd.applicable(isa, a, x, big, None)
     assert qwinograd.applicable(isa, a, x, (big // 8).astype(np.int8), None)
     assert qwinograd.applicable(isa, a, x, big[:, :128], None)     # 128 channels: always in range
+
+
+@pytest.mark.parametrize("isa", ["avx2", "pmaddwd512"])
+@pytest.mark.parametrize("c, o, hw", [
+    (64, 128, 8),       # svhnnet's fifth and sixth convs: K > tiles, the loop runs over channel blocks
+    (16, 32, 16),       # K < tiles: over tile rows
+])
+def test_winograd_chain_blocked_bit_exact(strict, isa, c, o, hw):
+    """Two chained Winograd convs: the first one's output is stored NCHW{b}c (an intermediate), so
+    its schedule picks its parallel axis (``by_channel`` where the transformed weights outnumber the
+    transformed input); the second reads the blocked layout."""
+    spec = isa_spec(isa)
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
+    y = add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")
+    g.outputs = [add_qconv(g, y, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    mod = lower(g, spec)
+    convs = [mod[gv].script() for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    assert len(convs) == 2 and all("wgemm" in t for t in convs)
+    check_exact(g, {"x": qin(ACT["uint8"], (1, c, hw, hw))}, f"{isa} winograd chain {c}->{o}", spec)

@@ -137,7 +137,8 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     M = compute((n, th, 16, k // bo, tw, bo), lambda i, ty, eps, ko, tx, ki: te.sum(
         cast(V[i, ty, eps, tx, c2 * 2 + iq], I32) * cast(U[eps, ko, c2, ki, iq], I32), axis=[c2, iq]),
         name="wgemm")
-    ctx.schedule("conv2d_winograd", reg_n=reg_n, block=bo, lanes=lanes, intrin=wide_intrin(lanes))
+    ctx.schedule("conv2d_winograd", reg_n=reg_n, block=bo, lanes=lanes, intrin=wide_intrin(lanes),
+                 by_channel=k > n * th * tw)
 
     def acc(idx):
         i, ch, y, xx = idx

@@ -315,21 +315,28 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
         _pack_nest(sch, vw)
 
 
-def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
-    """int8 3x3 conv by Winograd F(2x2, 3x3) (:mod:`..kernels.qwinograd`): one parallel loop over
-    (image, tile row); inside it the input transform of the row's tiles ("wino_in", vectorized
-    over channels, its 16 transform positions unrolled so that the 4x4 window's loads are shared),
-    the 16 gemms ("wgemm", loops (n, ty, ε, ko, tx, ki, c2, iq): a register tile of ``reg_n``
-    tiles x ``ki`` channels, the (lanes x iq) step tensorized) and the output transform with the
-    requantization ("out", the 2x2 outputs of a tile unrolled). Before that loop, the transform of
-    the int8 weights ("wino_w", loops (ε, ko, c2, ki, iq): ε unrolled so that the 9 taps' loads are
-    shared, (ki, iq) one vector), on the thread pool where it pays alone."""
+def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
+    """int8 3x3 conv by Winograd F(2x2, 3x3) (:mod:`..kernels.qwinograd`): one parallel loop, over
+    output tile rows or (``by_channel``, where the transformed weights outnumber the transformed
+    input: K > tiles) over blocks of output channels. Inside it the transform the loop splits (the
+    input's "wino_in" for tile rows, the weights' "wino_w" for channel blocks), the 16 gemms
+    ("wgemm", loops (n, ty, ε, ko, tx, ki, c2, iq): a register tile of ``reg_n`` tiles x ``ki``
+    channels, the (lanes x iq) step tensorized) and the output transform with the requantization
+    ("out", the 2x2 outputs of a tile unrolled). The other transform, the smaller one, runs before
+    the loop (on the thread pool where it pays alone): every iteration needs all of it. Both
+    transforms unroll their 16 positions so that the window's loads are shared, and vectorize the
+    contiguous channels."""
     out = sch.get_sblock("out")
     n, cob, y, x, *cb = sch.get_loops(out)         # NCHW{b}c (NCHW: a graph output)
     yo, ya = sch.split(y, [None, 2])
     xo, xb = sch.split(x, [None, 2])
-    sch.reorder(n, yo, cob, xo, ya, xb, *cb)
-    par = sch.fuse(n, yo)
+    if by_channel and cb:
+        sch.reorder(n, cob, yo, xo, ya, xb, *cb)
+        par = sch.fuse(n, cob)
+    else:
+        by_channel = False
+        sch.reorder(n, yo, cob, xo, ya, xb, *cb)
+        par = sch.fuse(n, yo)
     _parallel(sch, par)
     sch.unroll(ya)
     sch.unroll(xb)
@@ -343,8 +350,8 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
     kio, kil = sch.split(ki, [None, lanes])
     sch.reorder(eps, ko, txo, c2, txi, kio, kil, iq)
 
-    vin = sch.get_sblock("wino_in")
-    sch.compute_at(vin, par, preserve_unit_loops=True)
+    vin, wt = sch.get_sblock("wino_in"), sch.get_sblock("wino_w")
+    sch.compute_at(wt if by_channel else vin, par, preserve_unit_loops=True)
     eps_v, tx_v, c_v = sch.get_loops(vin)[-3:]
     cv = _extent(sch, c_v)
     vl = 16 if cv % 16 == 0 else 8 if cv % 8 == 0 else 1
@@ -353,6 +360,10 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
     sch.unroll(eps_v)
     if vl > 1:
         sch.vectorize(ci_v)
+    if by_channel:
+        rows = sch.get_loops(vin)[:2]              # (n, ty) of the input transform at the root
+        if math.prod(_extent(sch, lp) for lp in sch.get_loops(vin)) * ELEM_NS >= PAR_MIN_NS:
+            _parallel(sch, sch.fuse(*rows))
 
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, txo, preserve_unit_loops=True)
@@ -363,15 +374,14 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin):
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(kil, intrin)
 
-    wt = sch.get_sblock("wino_w")                 # the weight transform, before the parallel loop
-    loops = sch.get_loops(wt)
+    loops = sch.get_loops(wt)[-5:]                # (ε, ko, c2, ki, iq) of the weight transform
     e_w, ko_w, c2_w, ki_w, iq_w = loops
     pays = math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS
     sch.reorder(ko_w, c2_w, e_w, ki_w, iq_w)
     sch.unroll(e_w)
     sch.vectorize(sch.fuse(ki_w, iq_w))
     outer = sch.fuse(ko_w, c2_w)
-    if pays:
+    if pays and not by_channel:
         _parallel(sch, outer)
 
 
