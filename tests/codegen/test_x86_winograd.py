@@ -93,11 +93,11 @@ def test_winograd_only_where_it_applies(attrs, shape, why):
     a = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1, **attrs}
     w = RNG.integers(-127, 128, shape).astype(np.int8)
     x = SimpleNamespace(dtype="uint8")
-    assert not qwinograd.applicable(DotIsa("pmaddwd", 8), a, x, w, None), why
+    assert not qwinograd.applicable(DotIsa("pmaddwd", 8), a, x, w), why
     if why == "stride 2":         # the same weights at stride 1 do qualify: the test isolates the attribute
         a["strides"] = [1, 1]
-        assert qwinograd.applicable(DotIsa("pmaddwd", 8), a, x, w, None)
-    assert not qwinograd.applicable(DotIsa("vnni", 16), {**a, "strides": [1, 1]}, x, w, None)
+        assert qwinograd.applicable(DotIsa("pmaddwd", 8), a, x, w)
+    assert not qwinograd.applicable(DotIsa("vnni", 16), {**a, "strides": [1, 1]}, x, w)
 
 
 def test_winograd_overflow_guard_keeps_the_direct_kernel():
@@ -109,9 +109,9 @@ def test_winograd_overflow_guard_keeps_the_direct_kernel():
     isa = DotIsa("pmaddwd", 8)
     big = np.full((16, 256, 3, 3), 127, np.int8)
     assert 9 * int(np.abs(qwinograd.transformed_weights(big)).sum(axis=2).max()) * 1020 >= 2 ** 31
-    assert not qwinograd.applicable(isa, a, x, big, None)
-    assert qwinograd.applicable(isa, a, x, (big // 8).astype(np.int8), None)
-    assert qwinograd.applicable(isa, a, x, big[:, :128], None)     # 128 channels: always in range
+    assert not qwinograd.applicable(isa, a, x, big)
+    assert qwinograd.applicable(isa, a, x, (big // 8).astype(np.int8))
+    assert qwinograd.applicable(isa, a, x, big[:, :128])     # 128 channels: always in range
 
 
 @pytest.mark.parametrize("isa", ["avx2", "pmaddwd512"])

@@ -207,10 +207,9 @@ def qconv2d(ctx, a, ins, outs):
         acc_at, zx = _cuda_conv_s8s8(ctx, a, x, w, out_shape, zx)
     elif exact is not None:
         acc_at = exact                      # float32 FMAs, exact: see :mod:`.conv`
-    elif not depthwise and qdot.applicable(isa, x, w) and qwinograd.applicable(isa, a, x, w, out_shape):
-        acc_at, zx = qwinograd.conv2d(ctx, a, x, w, out_shape, zx, isa)
     elif not depthwise and qdot.applicable(isa, x, w):
-        acc_at, zx = qdot.conv2d(ctx, a, x, w, out_shape, zx, isa)
+        kernel = qwinograd if qwinograd.applicable(isa, a, x, w) else qdot
+        acc_at, zx = kernel.conv2d(ctx, a, x, w, out_shape, zx, isa)
     else:
         acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, _mul, fill=zx, name="qw")
         acc_at = Buf(acc, out_shape, I32, bo).at

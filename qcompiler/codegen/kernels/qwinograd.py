@@ -59,7 +59,7 @@ def transformed_weights(w: np.ndarray) -> np.ndarray:
     return u.reshape(16, *w.shape[:2])
 
 
-def applicable(isa: DotIsa | None, a, x, w: np.ndarray, out_shape) -> bool:
+def applicable(isa: DotIsa | None, a, x, w: np.ndarray) -> bool:
     """A group-1, stride-1, undilated 3x3 conv of >= MIN_CHANNELS even input channels and
     output channels a multiple of 8, on ``vpmaddwd``, whose partial sums stay inside int32."""
     from .conv import _attrs2d
@@ -98,6 +98,13 @@ def _combine(coefs, terms):
     return v
 
 
+def _sandwich(mat, tile):
+    """``mat · tile · mat^T`` as nested lists of expressions (the three transforms: B^T d B,
+    G' g G'^T, A^T M A); each row combination is built once and shared by the row's entries."""
+    rows = [[_combine(r, [tile[a][b] for a in range(len(tile))]) for b in range(len(tile[0]))] for r in mat]
+    return [[_combine(r, row) for r in mat] for row in rows]
+
+
 def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     """The int32 accumulator ``acc(idx)`` (logical NCHW) of a conv :func:`applicable` allows,
     taken with zero point z_x (padding stores z_x, the caller folds ``- z_x Σ w``)."""
@@ -119,8 +126,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     def vin(i, ty, eps, tx, ci):
         y0, x0 = ty * 2 - pt, tx * 2 - pl
         tile = [[d(i, ci, y0 + r_, x0 + s_) for s_ in range(4)] for r_ in range(4)]
-        rows = [[_combine(BT[e], [tile[r_][s_] for r_ in range(4)]) for s_ in range(4)] for e in range(4)]
-        return _pick(eps, [_combine(BT[nn], rows[e]) for e in range(4) for nn in range(4)])
+        return _pick(eps, sum(_sandwich(BT, tile), []))
     V = compute((n, th, 16, tw, c), vin, name="wino_in")
 
     # the weights ship as int8 (as the direct kernel's), laid out (K/bo, C/2, 3, 3, bo, 2), and are
@@ -130,8 +136,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
 
     def uin(eps, ko, c2, ki, iq):
         g = [[cast(W8[ko, c2, a_, b_, ki, iq], I16) for b_ in range(3)] for a_ in range(3)]
-        rows = [[_combine(G2[e], [g[a_][b_] for a_ in range(3)]) for b_ in range(3)] for e in range(4)]
-        return _pick(eps, [_combine(G2[nn], rows[e]) for e in range(4) for nn in range(4)])
+        return _pick(eps, sum(_sandwich(G2, g), []))
     U = compute((16, k // bo, c // 2, bo, 2), uin, name="wino_w")
     c2, iq = te.reduce_axis((0, c // 2), "c2"), te.reduce_axis((0, 2), "iq")
     M = compute((n, th, 16, k // bo, tw, bo), lambda i, ty, eps, ko, tx, ki: te.sum(
@@ -145,8 +150,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
         ty, ya, tx, xb = y // 2, y % 2, xx // 2, xx % 2
         ko, ki = ch // bo, ch % bo
         m = [[M[i, ty, 4 * e + nn, ko, tx, ki] for nn in range(4)] for e in range(4)]
-        out = [[_combine(AT[b], [_combine(AT[a_], [m[e][nn] for e in range(4)]) for nn in range(4)])
-                for b in range(2)] for a_ in range(2)]
+        out = _sandwich(AT, m)
         four = _pick(ya, [_pick(xb, out[0]), _pick(xb, out[1])])
         return tirx.shift_right(four, tirx.const(2, I32))
     return acc, zx

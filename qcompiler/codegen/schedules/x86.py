@@ -225,8 +225,13 @@ def _parallel_stage(sch, loops):
     a parallel conv cost a second wake-up: with it serial, 2 threads on Zen 3, mnistnet int8 77.0 ->
     72.2 us and svhnnet 400 -> 371 us (interleaved A/B of the artifacts), fashion_mobilenet and
     rapidocr-cls unchanged."""
-    if math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS:
+    if _pays_alone(sch, loops):
         _parallel(sch, sch.fuse(*loops[:3]))
+
+
+def _pays_alone(sch, loops) -> bool:
+    """A spatial stage whose elements at ELEM_NS pay for a thread launch of their own."""
+    return math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS
 
 
 def _write_back(sch, vw):
@@ -362,7 +367,7 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
         sch.vectorize(ci_v)
     if by_channel:
         rows = sch.get_loops(vin)[:2]              # (n, ty) of the input transform at the root
-        if math.prod(_extent(sch, lp) for lp in sch.get_loops(vin)) * ELEM_NS >= PAR_MIN_NS:
+        if _pays_alone(sch, sch.get_loops(vin)):
             _parallel(sch, sch.fuse(*rows))
 
     acc = sch.cache_write(blk, 0, "local")
@@ -376,7 +381,7 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
 
     loops = sch.get_loops(wt)[-5:]                # (ε, ko, c2, ki, iq) of the weight transform
     e_w, ko_w, c2_w, ki_w, iq_w = loops
-    pays = math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS
+    pays = _pays_alone(sch, loops)
     sch.reorder(ko_w, c2_w, e_w, ki_w, iq_w)
     sch.unroll(e_w)
     sch.vectorize(sch.fuse(ki_w, iq_w))
