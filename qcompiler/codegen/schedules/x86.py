@@ -10,8 +10,9 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
   rows, kernel columns, input channels) with ``reg_n × b`` accumulators in registers
   (``cache_write`` to ``local``), the ``b`` output channels being one vector. The epilogue
   (bias, residual, activation, cast) is inlined into the register write-back.
-* ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows holding
-  its input transform, 16 tensorized gemms and output transform (:func:`conv2d_winograd`).
+* ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
+  output-channel blocks holding one transform, 16 tensorized gemms and the output transform
+  (:func:`conv2d_winograd`).
 * ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
 * ``matmul``: batched, rows parallel, columns vectorized.
 * ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
