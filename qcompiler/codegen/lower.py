@@ -391,7 +391,7 @@ class _Lowering:
             # schedules/cuda_wmma.py); everything else left to the CUDA pipeline's dlight rules
             scheduled = cuda_wmma.schedule_int8(func, self.cuda_target) or func
         else:
-            scheduled = sched_x86.apply(func, kind, params, self.vw)
+            scheduled = sched_x86.apply(func, kind, params, self.vw, self.spec.host_tvm.get("mcpu"))
         name = f"k{len(self.kernels)}_{hint}"
         self.kernels.append(name)
         self.sources[name] = (func, kind)

@@ -26,6 +26,7 @@ from test_x86_int8 import ACT, RNG, SPEC, add_qconv, check_exact, qin  # noqa: E
 
 from qcompiler.codegen.kernels import quant as kquant  # noqa: E402
 from qcompiler.codegen.lower import lower  # noqa: E402
+from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
 from qcompiler.ir import Graph, QuantParams, TensorType  # noqa: E402
 from qcompiler.quant.requant import conv_multipliers, quantize_multiplier  # noqa: E402
@@ -251,59 +252,115 @@ def test_unpruned_layers_stay_dense_for_time(n, k, m):
 
 def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
     """rapidocr-cls's stem conv (3 -> 8 channels, 3x3 stride 2, HardSwish, 1x3x48x192): its int8
-    kernel (vpdpbusd, input channels padded to 4) is estimated at INT8_MAC_NS and runs serial, as the
-    fp32 kernel of the same layer does; at MAC_NS it would launch threads (measured 26 us serial
-    against 39 us parallel at 2 threads). The estimator recognises the dot-product block (an
-    exception there would silently make every kernel parallel), and the serial and the parallel
-    kernel compute the same integers as the oracle."""
+    kernel (input channels padded to 4) is estimated at INT8_MAC_NS and, for a Zen 3 core, runs
+    serial, as the fp32 kernel of the same layer does; at MAC_NS it would launch threads (measured
+    26 us serial against 39 us parallel at 2 threads there). For a Zen 1 core (SLOW_CORE_SCALE) the
+    doubled estimate launches threads (rapidocr-cls int8 1853 -> 1603 us at 2 threads on one). The
+    estimator recognises the dot-product block (an exception there would silently make every kernel
+    parallel), and the serial and the parallel kernel compute the same integers as the oracle."""
     g = Graph("q")
     x = g.add_input("x", TensorType((1, 3, 48, 192), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, 8, (3, 3), s=(2, 2), p=(1, 1, 1, 1), act="HardSwish")]
     seen, apply = [], sched.apply
 
-    def record(func, kind, params, vw):
+    def record(func, kind, params, vw, cpu=None):
         seen.append((kind, func))
-        return apply(func, kind, params, vw)
+        return apply(func, kind, params, vw, cpu)
+
+    def conv_of(spec):
+        mod = lower(g, spec)
+        return next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
     sched.apply = record
     try:
-        mod = lower(g, SPEC)
+        zen3 = conv_of(TargetSpec("x86", cpu="znver3"))
     finally:
         sched.apply = apply
     kind, func = seen[-1]
     s = sched.s_tir.Schedule(func)
     blocks = [s.get(b) for b in s.get_child_blocks(s.get_sblock("root"))]
     assert kind == "conv2d_dot" and [b.name_hint for b in blocks if sched._is_int8_dot(b)] == ["conv"]
-    assert sched._serial_ns(s) < sched.PAR_MIN_NS
-    conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
-    assert "T.parallel" not in conv.script()
-    feeds = {"x": qin(ACT["uint8"], (1, 3, 48, 192))}
-    check_exact(g, feeds, "stem conv serial")
+    assert sched._serial_ns(s) < sched.PAR_MIN_NS < 2 * sched._serial_ns(s)
+    assert "T.parallel" not in zen3
+    assert "T.parallel" in conv_of(TargetSpec("x86", cpu="znver1"))
     old = sched.INT8_MAC_NS
     sched.INT8_MAC_NS = sched.MAC_NS
     try:
-        mod = lower(g, SPEC)
-        conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
-        assert "T.parallel" in conv.script()
-        check_exact(g, feeds, "stem conv parallel")
+        assert "T.parallel" in conv_of(TargetSpec("x86", cpu="znver3"))
     finally:
         sched.INT8_MAC_NS = old
+    feeds = {"x": qin(ACT["uint8"], (1, 3, 48, 192))}
+    for threshold, what in ((1e12, "serial"), (0.0, "parallel")):      # on this host's CPU
+        old = sched.PAR_MIN_NS
+        sched.PAR_MIN_NS = threshold
+        try:
+            assert ("T.parallel" in conv_of(SPEC)) == (what == "parallel")
+            check_exact(g, feeds, f"stem conv {what}")
+        finally:
+            sched.PAR_MIN_NS = old
 
 
 @pytest.mark.parametrize("c, o, hw, parallel", [
     (32, 64, 8, False),     # uspsnet's second conv: 1.2 M MACs, 19 us serial on one Zen 3 core
     (32, 32, 32, True),     # svhnnet's second conv: 9.4 M MACs, ~145 us serial
     (32, 64, 14, True),     # mnistnet's: 3.6 M MACs direct, 1.6 M gemm MACs as a Winograd conv (AVX2)
+    (3, 32, 32, False),     # svhnnet's stem: 0.9 M MACs (1.2 M with the channels padded to 4)
 ])
 def test_int8_dot_conv_threads_only_where_the_work_pays(c, o, hw, parallel):
-    """The thread rule at INT8_MAC_NS (60 MAC/ns, the measured AVX2 vpmaddwd rate): a 1.2 M-MAC
-    conv stays serial (at 30 MAC/ns it launched threads and uspsnet took 35.3 against 30.2 us at 2
-    threads), a 9.4 M-MAC conv runs on the thread pool, in one launch: its packing stage (34x34x32
-    int16, ~10 us at ELEM_NS) stays serial instead of waking the workers a second time (svhnnet
-    400 -> 371 us at 2 threads). On AVX2 the three are Winograd convs (one parallel loop, gemm MACs
-    at WINO_MAC_NS): the same answers."""
+    """The thread rule at INT8_MAC_NS (60 MAC/ns, the measured AVX2 vpmaddwd rate) on a Zen 3 core:
+    a 1.2 M-MAC conv stays serial (at 30 MAC/ns it launched threads and uspsnet took 35.3 against
+    30.2 us at 2 threads), a 9.4 M-MAC conv runs on the thread pool, in one launch: its packing
+    stage (34x34x32 int16) is split across the same launch rather than waking the workers a second
+    time (with a launch of its own svhnnet took 400 against 371 us with it serial, 2 threads). On
+    AVX2 the first three are Winograd convs (gemm MACs at WINO_MAC_NS; the transform ahead of the
+    main loop in its launch): the same answers. On a Zen 1 core (256-bit AVX2 in two 128-bit
+    halves: SLOW_CORE_SCALE) every estimate doubles, and the two small convs, which take 2x their
+    Zen 3 time there (the stem 92 us serial, estimated 20), use both cores."""
     g = Graph("q")
     x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
-    mod = lower(g, SPEC)
-    conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
-    assert conv.script().count("T.parallel") == (1 if parallel else 0)
+    for cpu, want in (("znver3", parallel), ("znver1", True)):
+        mod = lower(g, TargetSpec("x86", cpu=cpu))
+        conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
+        text = conv.script()
+        assert launches(text) == (1 if want else 0), (cpu, text)
+        assert (text.count("T.parallel") == 2) == want         # the packing stage or transform too
+
+
+def launches(script: str) -> int:
+    """Thread-pool launches in a kernel's TVMScript: a top-level parallel loop is one, a
+    ``pragma_parallel_launch_point`` loop one with every parallel loop inside it."""
+    n, inside = 0, None
+    for line in script.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and line.strip() and indent <= inside:
+            inside = None
+        if "pragma_parallel_launch_point" in line:
+            n, inside = n + 1, indent
+        elif "T.parallel" in line and inside is None:
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("c, o, hw", [
+    (3, 32, 12),      # a stem: direct conv, its packing stage ahead of the conv loop
+    (32, 32, 16),     # AVX2: Winograd over tile rows, the weight transform ahead
+    (32, 64, 6),      # AVX2: Winograd over channel blocks (K > tiles), the input transform ahead
+])
+def test_stage_and_main_loop_share_one_launch_bit_exact(c, o, hw):
+    """Every kernel forced onto the thread pool (PAR_MIN_NS = 0): the stage ahead of a conv's main
+    loop is split across the same launch (``parallel_launch_point``, barrier after it), one launch
+    per kernel, and the integers are the oracle's on this host's CPU (batch 2: the batch is part of
+    the split loops)."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((2, c, hw, hw), "uint8", ACT["uint8"]))
+    g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    old = sched.PAR_MIN_NS
+    sched.PAR_MIN_NS = 0.0
+    try:
+        mod = lower(g, SPEC)
+        text = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
+        assert launches(text) == 1 and text.count("T.parallel") == 2, text
+        assert "pragma_parallel_barrier_when_finish" in text
+        check_exact(g, {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
+    finally:
+        sched.PAR_MIN_NS = old

@@ -13,6 +13,10 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 * ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
   output-channel blocks holding one transform, 16 tensorized gemms and the output transform
   (:func:`conv2d_winograd`).
+
+A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
+loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
+thread pool only where its estimated time pays for the launch (PAR_MIN_NS, SLOW_CORE_SCALE).
 * ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
 * ``matmul``: batched, rows parallel, columns vectorized.
 * ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
@@ -60,7 +64,17 @@ PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
 MAC_NS, ELEM_NS = 1 / 20, 0.25
 INT8_MAC_NS = MAC_NS / 3
 WINO_MAC_NS = MAC_NS / 1.5
+# The rates above are one Zen 3 core's. A core that runs every 256-bit AVX2 instruction as two
+# 128-bit halves, AMD Zen 1 / Zen+ (LLVM's -mcpu znver1; ~2 GHz in the 2-vCPU EPYC we measured),
+# takes about twice as long for the same kernel (its vpmaddwd peak is 19 GMAC/s against Zen 3's
+# 38, bench/x86_avx2_peak.c), while a thread launch costs no less: there the estimates are
+# doubled. Measured on that host, 2 threads, interleaved A/B of the int8 artifacts (threshold 40 ->
+# 20 us, which is the same decisions): svhnnet 812 -> 777 us (its 3 -> 32 stem conv, estimated 20
+# us, takes 92 us serial), uspsnet 75.0 -> 64.5, rapidocr-cls 1853 -> 1603, mnistnet and
+# fashion_mobilenet unchanged; fp32 builds unchanged or faster (svhnnet 1386 -> 1319 us).
+SLOW_CORE_SCALE = {"znver1": 2.0}
 _serial = False                # set by apply() for the kernel being scheduled
+_scale = 1.0                   # set by apply(): SLOW_CORE_SCALE of the target CPU
 
 
 def _serial_ns(sch) -> float:
@@ -91,13 +105,15 @@ def _parallel(sch, loop):
         sch.parallel(loop)
 
 
-def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int) -> tvm.tirx.PrimFunc:
-    """Schedule ``func`` with rule ``kind``; returns the scheduled PrimFunc marked as such."""
-    global _serial
+def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int, cpu: str | None = None) -> tvm.tirx.PrimFunc:
+    """Schedule ``func`` with rule ``kind`` for LLVM CPU ``cpu`` (its thread rule:
+    SLOW_CORE_SCALE); returns the scheduled PrimFunc marked as such."""
+    global _serial, _scale
     rule = RULES.get(kind, generic)
     sch = s_tir.Schedule(func)
+    _scale = SLOW_CORE_SCALE.get(cpu or "", 1.0)
     try:
-        _serial = _serial_ns(sch) < PAR_MIN_NS
+        _serial = _serial_ns(sch) * _scale < PAR_MIN_NS
     except Exception:  # noqa: BLE001 - no estimate: keep the rules' own parallel loops
         _serial = False
     try:
@@ -116,6 +132,7 @@ def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int) -> tvm.tirx
                 sch = s_tir.Schedule(func)
     finally:
         _serial = False            # callers of the helpers outside apply() (kernels/sparse.py) keep threads
+        _scale = 1.0
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -212,27 +229,33 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     init = sch.decompose_reduction(blk, red[0])
     sch.vectorize(sch.get_loops(init)[-1])
     if pad:
-        p = sch.get_sblock("pad")
-        pl = sch.get_loops(p)
-        _parallel_stage(sch, pl)
-        if _extent(sch, pl[-1]) > 1:
-            sch.vectorize(pl[-1])
+        inner = _parallel_stage(sch, sch.get_sblock("pad"), par)
+        if _extent(sch, inner) > 1:
+            sch.vectorize(inner)
 
 
-def _parallel_stage(sch, loops):
-    """Parallelize a packing stage's leading 3 loops only when the stage alone pays for a thread
-    launch (its elements at ELEM_NS >= PAR_MIN_NS): every top-level parallel loop of a kernel is a
-    launch of its own, whose idle workers must be woken again. A 32x16x16 int16 pack (~2 us) before
-    a parallel conv cost a second wake-up: with it serial, 2 threads on Zen 3, mnistnet int8 77.0 ->
-    72.2 us and svhnnet 400 -> 371 us (interleaved A/B of the artifacts), fashion_mobilenet and
-    rapidocr-cls unchanged."""
-    if _pays_alone(sch, loops):
-        _parallel(sch, sch.fuse(*loops[:3]))
+def _parallel_stage(sch, blk, par):
+    """A packing stage ``blk`` (at the root, ahead of the kernel's main loop ``par``) on the
+    threads: where ``par`` runs on the thread pool the stage joins its launch, its leading 3 loops
+    split across the threads (:func:`_one_launch`); otherwise they run parallel only when the stage
+    alone pays for a thread launch (its elements at ELEM_NS >= PAR_MIN_NS). Every top-level
+    parallel loop of a kernel is a launch of its own, whose idle workers must be woken again: a
+    32x16x16 int16 pack (~2 us) in a launch of its own before a parallel conv cost mnistnet int8
+    77.0 against 72.2 us with it serial (2 threads, Zen 3). Returns the stage's innermost loop."""
+    if int(sch.get(par).kind) == int(tvm.tirx.ForKind.PARALLEL):
+        launch = sch.add_unit_loop(par)
+        sch.compute_at(blk, launch, preserve_unit_loops=True)
+        _one_launch(sch, launch, sch.fuse(*sch.get_loops(blk)[1:4]))
+    else:
+        loops = sch.get_loops(blk)
+        if _pays_alone(sch, loops):
+            _parallel(sch, sch.fuse(*loops[:3]))
+    return sch.get_loops(blk)[-1]
 
 
 def _pays_alone(sch, loops) -> bool:
     """A spatial stage whose elements at ELEM_NS pay for a thread launch of their own."""
-    return math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS >= PAR_MIN_NS
+    return math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS * _scale >= PAR_MIN_NS
 
 
 def _write_back(sch, vw):
@@ -280,6 +303,8 @@ def dense(sch, vw, mb):
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
         _parallel(sch, par)
+    if _block(sch, "pad") is not None:
+        _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -307,7 +332,10 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
         sch.reorder(n, ko, y, xo, icb, rh, rw, xi, kio, ic, kil, iq)
     else:
         sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
-    _parallel(sch, sch.fuse(n, ko, y))
+    par = sch.fuse(n, ko, y)
+    _parallel(sch, par)
+    if pad:
+        _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -317,8 +345,6 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
     init = sch.decompose_reduction(blk, icb)    # unrolling it (<= 8) only multiplied the code
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(ic if span else kil, intrin)
-    if pad:
-        _pack_nest(sch, vw)
 
 
 def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
@@ -329,9 +355,10 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     ("wgemm", loops (n, ty, ε, ko, tx, ki, c2, iq): a register tile of ``reg_n`` tiles x ``ki``
     channels, the (lanes x iq) step tensorized) and the output transform with the requantization
     ("out", the 2x2 outputs of a tile unrolled). The other transform, the smaller one, runs before
-    the loop (on the thread pool where it pays alone): every iteration needs all of it. Both
-    transforms unroll their 16 positions so that the window's loads are shared, and vectorize the
-    contiguous channels."""
+    the loop: every iteration needs all of it. Where the kernel runs on the thread pool the two
+    loops share one launch (:func:`_one_launch`): the threads split that transform, wait for each
+    other, and go on to their part of the main loop. Both transforms unroll their 16 positions so
+    that the window's loads are shared, and vectorize the contiguous channels."""
     out = sch.get_sblock("out")
     n, cob, y, x, *cb = sch.get_loops(out)         # NCHW{b}c (NCHW: a graph output)
     yo, ya = sch.split(y, [None, 2])
@@ -344,6 +371,7 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
         sch.reorder(n, yo, cob, xo, ya, xb, *cb)
         par = sch.fuse(n, yo)
     _parallel(sch, par)
+    launch = None if _serial else sch.add_unit_loop(par)
     sch.unroll(ya)
     sch.unroll(xb)
     if cb:
@@ -358,6 +386,8 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
 
     vin, wt = sch.get_sblock("wino_in"), sch.get_sblock("wino_w")
     sch.compute_at(wt if by_channel else vin, par, preserve_unit_loops=True)
+    if launch is not None:
+        sch.compute_at(vin if by_channel else wt, launch, preserve_unit_loops=True)
     eps_v, tx_v, c_v = sch.get_loops(vin)[-3:]
     cv = _extent(sch, c_v)
     vl = 16 if cv % 16 == 0 else 8 if cv % 8 == 0 else 1
@@ -367,9 +397,11 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     if vl > 1:
         sch.vectorize(ci_v)
     if by_channel:
-        rows = sch.get_loops(vin)[:2]              # (n, ty) of the input transform at the root
-        if _pays_alone(sch, sch.get_loops(vin)):
-            _parallel(sch, sch.fuse(*rows))
+        loops = sch.get_loops(vin)                 # (n, ty, tx) of the input transform, then (co, ε, ci)
+        if launch is not None:
+            _one_launch(sch, launch, sch.fuse(*loops[-6:-3]))
+        elif _pays_alone(sch, loops):
+            _parallel(sch, sch.fuse(*loops[-6:-3]))
 
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, txo, preserve_unit_loops=True)
@@ -387,18 +419,34 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     sch.unroll(e_w)
     sch.vectorize(sch.fuse(ki_w, iq_w))
     outer = sch.fuse(ko_w, c2_w)
-    if pays and not by_channel:
-        _parallel(sch, outer)
+    if not by_channel:
+        if launch is not None:
+            _one_launch(sch, launch, outer)
+        elif pays:
+            _parallel(sch, outer)
 
 
-def _pack_nest(sch, vw):
-    """The activation packing stage "pad": parallel over its leading loops where it pays (:func:`_parallel_stage`), inner loop vectorized."""
+def _one_launch(sch, launch, before):
+    """Loop ``before`` (a stage every iteration of the kernel's parallel loop needs whole, placed
+    under the unit loop ``launch`` ahead of that loop) runs split across the same thread-pool launch
+    as the loop: ``launch`` becomes TVM's ``parallel_launch_point`` (one TVMBackendParallelLaunch
+    whose lambda holds both loops; each parallel loop inside it takes the thread's static share)
+    and ``before`` ends with ``TVMBackendParallelBarrier``. No statement may sit between them outside
+    a parallel loop: every thread of the launch runs it. A second launch instead wakes the sleeping
+    workers again."""
+    sch.parallel(before)
+    sch.annotate(before, "pragma_parallel_barrier_when_finish", 1)
+    sch.annotate(launch, "pragma_parallel_launch_point", 1)
+
+
+def _pack_nest(sch, vw, par):
+    """The activation packing stage "pad" ahead of main loop ``par``: on the threads as
+    :func:`_parallel_stage` decides, inner loop vectorized."""
     p = sch.get_sblock("pad")
-    pl = sch.get_loops(p)
-    if len(pl) > 3:
-        _parallel_stage(sch, pl)
-        if _extent(sch, pl[-1]) > 1:
-            sch.vectorize(pl[-1])
+    if len(sch.get_loops(p)) > 3:
+        inner = _parallel_stage(sch, p, par)
+        if _extent(sch, inner) > 1:
+            sch.vectorize(inner)
     else:
         _spatial_nest(sch, p, vw)
 
@@ -419,6 +467,8 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
         _parallel(sch, par)
+    if _block(sch, "pad") is not None:
+        _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -427,8 +477,6 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     init = sch.decompose_reduction(blk, kb)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(ni, intrin)
-    if _block(sch, "pad") is not None:
-        _pack_nest(sch, vw)
 
 
 def matmul(sch, vw):
