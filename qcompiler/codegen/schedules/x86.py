@@ -13,14 +13,14 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 * ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
   output-channel blocks holding one transform, 16 tensorized gemms and the output transform
   (:func:`conv2d_winograd`).
-
-A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
-loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
-thread pool only where its estimated time pays for the launch (PAR_MIN_NS, SLOW_CORE_SCALE).
 * ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
 * ``matmul``: batched, rows parallel, columns vectorized.
 * ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
 * ``generic``: inline injective stages; parallel outer loop, vectorized inner loop.
+
+A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
+loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
+thread pool only where its estimated time pays for the launch (PAR_MIN_NS, SLOW_CORE_SCALE).
 
 Every rule falls back to ``generic`` if a primitive refuses (a shape the rule did not foresee).
 """
@@ -303,8 +303,6 @@ def dense(sch, vw, mb):
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
         _parallel(sch, par)
-    if _block(sch, "pad") is not None:
-        _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
