@@ -237,20 +237,39 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
 def _parallel_stage(sch, blk, par):
     """A packing stage ``blk`` (at the root, ahead of the kernel's main loop ``par``) on the
     threads: where ``par`` runs on the thread pool the stage joins its launch, its leading 3 loops
-    split across the threads (:func:`_one_launch`); otherwise they run parallel only when the stage
-    alone pays for a thread launch (its elements at ELEM_NS >= PAR_MIN_NS). Every top-level
-    parallel loop of a kernel is a launch of its own, whose idle workers must be woken again: a
-    32x16x16 int16 pack (~2 us) in a launch of its own before a parallel conv cost mnistnet int8
-    77.0 against 72.2 us with it serial (2 threads, Zen 3). Returns the stage's innermost loop."""
-    if int(sch.get(par).kind) == int(tvm.tirx.ForKind.PARALLEL):
-        launch = sch.add_unit_loop(par)
-        sch.compute_at(blk, launch, preserve_unit_loops=True)
-        _one_launch(sch, launch, sch.fuse(*sch.get_loops(blk)[1:4]))
-    else:
-        loops = sch.get_loops(blk)
-        if _pays_alone(sch, loops):
-            _parallel(sch, sch.fuse(*loops[:3]))
+    split across the threads; otherwise they run parallel only when the stage alone pays for a
+    thread launch (:func:`_split_ahead`). Every top-level parallel loop of a kernel is a launch of
+    its own, whose idle workers must be woken again: a 32x16x16 int16 pack (~2 us) in a launch of
+    its own before a parallel conv cost mnistnet int8 77.0 against 72.2 us with it serial (2
+    threads, Zen 3). Returns the stage's innermost loop."""
+    launch = _join_launch(sch, par, blk)
+    loops = sch.get_loops(blk)
+    _split_ahead(sch, launch, blk, loops[1:4] if launch is not None else loops[:3])
     return sch.get_loops(blk)[-1]
+
+
+def _join_launch(sch, par, blk):
+    """Where the main loop ``par`` runs on the thread pool: a unit loop around it, the launch
+    :func:`_one_launch` annotates, with stage ``blk`` (every iteration of ``par`` needs all of it)
+    computed under it ahead of ``par``; returns that loop. Otherwise None, ``blk`` left alone."""
+    if int(sch.get(par).kind) != int(tvm.tirx.ForKind.PARALLEL):
+        return None
+    launch = sch.add_unit_loop(par)
+    sch.compute_at(blk, launch, preserve_unit_loops=True)
+    return launch
+
+
+def _split_ahead(sch, launch, blk, loops):
+    """Stage ``blk`` ahead of the main loop, over its leading ``loops`` (fused): split across the
+    main loop's ``launch`` (:func:`_one_launch`) where there is one, else parallel where the stage
+    alone pays for a launch (:func:`_pays_alone`), else serial."""
+    if launch is None and not _pays_alone(sch, sch.get_loops(blk)):
+        return
+    lead = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if launch is not None:
+        _one_launch(sch, launch, lead)
+    else:
+        _parallel(sch, lead)
 
 
 def _pays_alone(sch, loops) -> bool:
@@ -369,7 +388,6 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
         sch.reorder(n, yo, cob, xo, ya, xb, *cb)
         par = sch.fuse(n, yo)
     _parallel(sch, par)
-    launch = None if _serial else sch.add_unit_loop(par)
     sch.unroll(ya)
     sch.unroll(xb)
     if cb:
@@ -383,9 +401,9 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     sch.reorder(eps, ko, txo, c2, txi, kio, kil, iq)
 
     vin, wt = sch.get_sblock("wino_in"), sch.get_sblock("wino_w")
-    sch.compute_at(wt if by_channel else vin, par, preserve_unit_loops=True)
-    if launch is not None:
-        sch.compute_at(vin if by_channel else wt, launch, preserve_unit_loops=True)
+    inside, ahead = (wt, vin) if by_channel else (vin, wt)
+    sch.compute_at(inside, par, preserve_unit_loops=True)
+    launch = _join_launch(sch, par, ahead)
     eps_v, tx_v, c_v = sch.get_loops(vin)[-3:]
     cv = _extent(sch, c_v)
     vl = 16 if cv % 16 == 0 else 8 if cv % 8 == 0 else 1
@@ -394,12 +412,8 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     sch.unroll(eps_v)
     if vl > 1:
         sch.vectorize(ci_v)
-    if by_channel:
-        loops = sch.get_loops(vin)                 # (n, ty, tx) of the input transform, then (co, ε, ci)
-        if launch is not None:
-            _one_launch(sch, launch, sch.fuse(*loops[-6:-3]))
-        elif _pays_alone(sch, loops):
-            _parallel(sch, sch.fuse(*loops[-6:-3]))
+    if by_channel:                                 # (n, ty, tx) of the input transform, then (co, ε, ci)
+        _split_ahead(sch, launch, vin, sch.get_loops(vin)[-6:-3])
 
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, txo, preserve_unit_loops=True)
@@ -410,18 +424,13 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(kil, intrin)
 
-    loops = sch.get_loops(wt)[-5:]                # (ε, ko, c2, ki, iq) of the weight transform
-    e_w, ko_w, c2_w, ki_w, iq_w = loops
-    pays = _pays_alone(sch, loops)
+    e_w, ko_w, c2_w, ki_w, iq_w = sch.get_loops(wt)[-5:]     # the weight transform's
     sch.reorder(ko_w, c2_w, e_w, ki_w, iq_w)
     sch.unroll(e_w)
     sch.vectorize(sch.fuse(ki_w, iq_w))
     outer = sch.fuse(ko_w, c2_w)
     if not by_channel:
-        if launch is not None:
-            _one_launch(sch, launch, outer)
-        elif pays:
-            _parallel(sch, outer)
+        _split_ahead(sch, launch, wt, [outer])
 
 
 def _one_launch(sch, launch, before):
