@@ -250,7 +250,13 @@ def test_unpruned_layers_stay_dense_for_time(n, k, m):
     assert choose(s).format_time != "dense"
 
 
-def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
+def conv_script(g: Graph, spec: TargetSpec) -> str:
+    """The scheduled TVMScript of the (one) QLinearConv kernel of ``g`` lowered for ``spec``."""
+    mod = lower(g, spec)
+    return next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
+
+
+def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way(monkeypatch):
     """rapidocr-cls's stem conv (3 -> 8 channels, 3x3 stride 2, HardSwish, 1x3x48x192): its int8
     kernel (input channels padded to 4) is estimated at INT8_MAC_NS and, for a Zen 3 core, runs
     serial, as the fp32 kernel of the same layer does; at MAC_NS it would launch threads (measured
@@ -266,37 +272,24 @@ def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way():
     def record(func, kind, params, vw, cpu=None):
         seen.append((kind, func))
         return apply(func, kind, params, vw, cpu)
-
-    def conv_of(spec):
-        mod = lower(g, spec)
-        return next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
-    sched.apply = record
-    try:
-        zen3 = conv_of(TargetSpec("x86", cpu="znver3"))
-    finally:
-        sched.apply = apply
+    with monkeypatch.context() as m:
+        m.setattr(sched, "apply", record)
+        zen3 = conv_script(g, TargetSpec("x86", cpu="znver3"))
     kind, func = seen[-1]
     s = sched.s_tir.Schedule(func)
     blocks = [s.get(b) for b in s.get_child_blocks(s.get_sblock("root"))]
     assert kind == "conv2d_dot" and [b.name_hint for b in blocks if sched._is_int8_dot(b)] == ["conv"]
     assert sched._serial_ns(s) < sched.PAR_MIN_NS < 2 * sched._serial_ns(s)
     assert "T.parallel" not in zen3
-    assert "T.parallel" in conv_of(TargetSpec("x86", cpu="znver1"))
-    old = sched.INT8_MAC_NS
-    sched.INT8_MAC_NS = sched.MAC_NS
-    try:
-        assert "T.parallel" in conv_of(TargetSpec("x86", cpu="znver3"))
-    finally:
-        sched.INT8_MAC_NS = old
+    assert "T.parallel" in conv_script(g, TargetSpec("x86", cpu="znver1"))
+    with monkeypatch.context() as m:
+        m.setattr(sched, "INT8_MAC_NS", sched.MAC_NS)
+        assert "T.parallel" in conv_script(g, TargetSpec("x86", cpu="znver3"))
     feeds = {"x": qin(ACT["uint8"], (1, 3, 48, 192))}
     for threshold, what in ((1e12, "serial"), (0.0, "parallel")):      # on this host's CPU
-        old = sched.PAR_MIN_NS
-        sched.PAR_MIN_NS = threshold
-        try:
-            assert ("T.parallel" in conv_of(SPEC)) == (what == "parallel")
-            check_exact(g, feeds, f"stem conv {what}")
-        finally:
-            sched.PAR_MIN_NS = old
+        monkeypatch.setattr(sched, "PAR_MIN_NS", threshold)
+        assert ("T.parallel" in conv_script(g, SPEC)) == (what == "parallel")
+        check_exact(g, feeds, f"stem conv {what}")
 
 
 @pytest.mark.parametrize("c, o, hw, parallel", [
@@ -319,9 +312,7 @@ def test_int8_dot_conv_threads_only_where_the_work_pays(c, o, hw, parallel):
     x = g.add_input("x", TensorType((1, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
     for cpu, want in (("znver3", parallel), ("znver1", True)):
-        mod = lower(g, TargetSpec("x86", cpu=cpu))
-        conv = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint)
-        text = conv.script()
+        text = conv_script(g, TargetSpec("x86", cpu=cpu))
         assert launches(text) == (1 if want else 0), (cpu, text)
         assert (text.count("T.parallel") == 2) == want         # the packing stage or transform too
 
@@ -346,7 +337,7 @@ def launches(script: str) -> int:
     (32, 32, 16),     # AVX2: Winograd over tile rows, the weight transform ahead
     (32, 64, 6),      # AVX2: Winograd over channel blocks (K > tiles), the input transform ahead
 ])
-def test_stage_and_main_loop_share_one_launch_bit_exact(c, o, hw):
+def test_stage_and_main_loop_share_one_launch_bit_exact(monkeypatch, c, o, hw):
     """Every kernel forced onto the thread pool (PAR_MIN_NS = 0): the stage ahead of a conv's main
     loop is split across the same launch (``parallel_launch_point``, barrier after it), one launch
     per kernel, and the integers are the oracle's on this host's CPU (batch 2: the batch is part of
@@ -354,13 +345,8 @@ def test_stage_and_main_loop_share_one_launch_bit_exact(c, o, hw):
     g = Graph("q")
     x = g.add_input("x", TensorType((2, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
-    old = sched.PAR_MIN_NS
-    sched.PAR_MIN_NS = 0.0
-    try:
-        mod = lower(g, SPEC)
-        text = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
-        assert launches(text) == 1 and text.count("T.parallel") == 2, text
-        assert "pragma_parallel_barrier_when_finish" in text
-        check_exact(g, {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
-    finally:
-        sched.PAR_MIN_NS = old
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    text = conv_script(g, SPEC)
+    assert launches(text) == 1 and text.count("T.parallel") == 2, text
+    assert "pragma_parallel_barrier_when_finish" in text
+    check_exact(g, {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
