@@ -169,11 +169,10 @@ def _gemm_exact(storage, m, k, n, spec):
 
 @pytest.mark.parametrize("shifts", [(33, 34, 36, 38, 40, 44, 55, 62), (32, 33, 36, 38, 40, 44, 55, 62)])
 def test_requantization_shift_edges_bit_exact(shifts):
-    """The x86 epilogue computes ``(acc·m + r) >> s`` as a logical shift of ``acc·m + r + 2^62``
-    and clamps in int32 when every s is in [33, 62] (``kernels.quant._narrow_shift_ok``), else
-    (one s = 32) in int64: both equal the reference at the edges: s = 33 and 62, m = 2^31 - 1 and
-    2^30, accumulators of both signs up to 256·138·128 ≈ 2^22, outputs clamped at 0 and 255 and
-    in between."""
+    """The x86 epilogue computes ``(acc·m + r) >> s`` from the high word of ``acc·m`` in int32
+    when every s is in [33, 62] (``kernels.quant._narrow_shift_ok``), else (one s = 32) in int64:
+    both equal the reference at the edges: s = 33 and 62, m = 2^31 - 1 and 2^30, accumulators of
+    both signs up to 256·138·128 ≈ 2^22, outputs clamped at 0 and 255 and in between."""
     from qcompiler.codegen.kernels.quant import _narrow_shift_ok
     n, k = len(shifts), 256
     ms = [2 ** 31 - 1, 2 ** 30, 1_500_000_000, 2 ** 31 - 2, 1_073_741_825, 2 ** 30 + 12345, 2_000_000_000, 1_234_567_890]
@@ -194,6 +193,39 @@ def test_requantization_shift_edges_bit_exact(shifts):
     want = reference.run(g, {"a": x})[0]
     assert want.min() == 0 and want.max() == 255 and ((want > 0) & (want < 255)).any()
     check_exact(g, {"a": x}, f"shifts {shifts}")
+
+
+def test_high_word_requantization_equals_rounding_shift():
+    """The identity behind the x86 int32 epilogue, by brute force in int64 over the whole int32
+    accumulator range: for 33 <= s <= 62 and 0 <= m < 2^31,
+    ``(hi + 2^(s-33)) >> (s-32)`` with ``hi = (acc·m) >> 32`` equals ``rrs(acc·m, s)``, and ``hi``
+    and the sum stay inside int32."""
+    from qcompiler.quant.requant import rounding_right_shift
+    acc = np.concatenate([np.array([-2 ** 31, -2 ** 31 + 1, -1, 0, 1, 2 ** 31 - 1], np.int64),
+                          RNG.integers(-2 ** 31, 2 ** 31, 20000), RNG.integers(-2 ** 16, 2 ** 16, 20000)])
+    for s in range(33, 63):
+        for m in (0, 1, 2 ** 30, 2 ** 31 - 1, int(RNG.integers(2 ** 30, 2 ** 31))):
+            hi = (acc * m) >> 32
+            t = hi + (1 << (s - 33))
+            assert hi.min() >= -2 ** 31 and t.max() < 2 ** 31, (s, m)
+            np.testing.assert_array_equal(t >> (s - 32), rounding_right_shift(acc * m, s), err_msg=f"s={s} m={m}")
+
+
+def test_int32_epilogue_keeps_its_clamp():
+    """The clamp of a per-channel int32 epilogue survives TVM's simplifier: with the per-channel
+    shift loaded from an int8 constant and used as ``x >> (s - 32)``, TVM's bound of the shift
+    (not known to lie in [0, 31]) made ``x >> t`` look like [-2, 1] and the clamp to [0, 255] was
+    dropped as always true (rapidocr-cls: one output 252 instead of 0, and 66 layers off after it)."""
+    from qcompiler.codegen.lower import lower
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, 16, 6, 6), "uint8", U8))
+    y = add_qconv(g, x, 16, (1, 1))
+    assert min(y.producer.attrs["shift"]) >= 33 and len(set(y.producer.attrs["shift"])) > 1
+    g.outputs = [y]
+    mod = lower(g, SPEC)
+    script = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
+    assert "T.min(" in script and "T.max(" in script
+    check_exact(g, {"x": qin(U8, (1, 16, 6, 6))}, "per-channel int32 epilogue")
 
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
