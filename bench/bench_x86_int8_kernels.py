@@ -7,6 +7,7 @@
     python bench/bench_x86_int8_kernels.py --what kernels --models cls --threads 1   # per-kernel profile
     python bench/bench_x86_int8_kernels.py --what kernels --models svhn --threads 1  # ... with % of VNNI peak
                                                      # (without VNNI: of the vpmaddwd peak, bench/x86_avx2_peak.c)
+    python bench/bench_x86_int8_kernels.py --what kernels --models fashion --batch 8  # ... the models at batch 8
 
 Layers: one convolution (or gemm) per graph, fp32 ``Conv`` (activation fused by the default passes) against ``QLinearConv`` on uint8
 input/output with per-channel int8 weights and the fused requantization (no Quantize/Dequantize
@@ -147,7 +148,9 @@ def bench_layers(spec, rounds, iters, names):
 
 
 # ---- whole models ------------------------------------------------------------------------------------
-def model_cases(filt):
+def model_cases(filt, batch: int = 1):
+    """``(name, onnx path, input, calibration inputs)`` of the real models, batch 1, or each array
+    repeated ``batch`` times along the batch axis (kernel timing does not depend on the values)."""
     import realmodels
     out = []
     fm = Path(realmodels.MODELS_DIR) / "fashion_mobilenet.onnx"
@@ -168,7 +171,10 @@ def model_cases(filt):
             continue
         (name, x), = m.feeds(0).items()
         out.append((m.name, m.source, x[:1], [x[i:i + 1] for i in range(min(len(x), 16))]))
-    return [c for c in out if not filt or any(s in c[0] for s in filt.split(","))]
+    out = [c for c in out if not filt or any(s in c[0] for s in filt.split(","))]
+    if batch > 1:
+        out = [(n, p, np.repeat(x, batch, axis=0), [np.repeat(c, batch, axis=0) for c in cal]) for n, p, x, cal in out]
+    return out
 
 
 def model_graphs(path, calib):
@@ -180,6 +186,9 @@ def model_graphs(path, calib):
     m = onnx.load(path)
     name = m.graph.input[0].name
     shape = calib[0].shape
+    for d, n in zip(m.graph.input[0].type.tensor_type.shape.dim, shape):   # a batch fixed at 1 (--batch)
+        d.Clear()
+        d.dim_value = n
     gf = import_onnx(m, {name: shape})
     run_passes(gf)
     gq = import_onnx(m, {name: shape})
@@ -303,7 +312,7 @@ def _peak_note(par: bool, ms: float, n_macs: int, peak: float | None, threads: i
     return f" {g:6.0f} {100 * g / (peak * (threads if par else 1)):4.0f}%"
 
 
-def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1):
+def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1, batch: int = 1):
     import tvm
     peak, peak_name, source = vnni_peak_gmacs(), "VNNI", "x86_vnni_peak.c"
     if peak is None and "avx512_vnni" not in (cpu_flags() or set()):     # AVX2 only: the exact vpmaddwd peak
@@ -319,7 +328,7 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1)
         if amx is not None:
             print(f"AMX-INT8 peak (bench/x86_amx_peak.c): {amx:.0f} GMAC/s per core, {amx / peak:.1f}x VNNI "
                   f"(our kernels do not use AMX)")
-    for name, path, x, calib in model_cases(filt):
+    for name, path, x, calib in model_cases(filt, batch):
         gf, gq = model_graphs(path, calib)
         kq, kf = profile_kernels(gq, spec, repeats), profile_kernels(gf, spec, repeats)
         fmap = {}
@@ -378,6 +387,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="--what kernels: the models at this batch size")
     a = ap.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
     spec = TargetSpec("x86", features=tuple(f for f in a.features.split(",") if f))
@@ -389,7 +399,7 @@ def main(argv=None) -> int:
     if "models" in a.what:
         bench_models(spec, a.rounds, a.iters, a.models)
     if "kernels" in a.what:
-        bench_kernels(spec, a.rounds, a.iters, a.models, threads=a.threads)
+        bench_kernels(spec, a.rounds, a.iters, a.models, threads=a.threads, batch=a.batch)
     return 0
 
 
