@@ -229,9 +229,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     init = sch.decompose_reduction(blk, red[0])
     sch.vectorize(sch.get_loops(init)[-1])
     if pad:
-        inner = _parallel_stage(sch, sch.get_sblock("pad"), par)
-        if _extent(sch, inner) > 1:
-            sch.vectorize(inner)
+        _pack_nest(sch, vw, par)
 
 
 def _parallel_stage(sch, blk, par):
