@@ -17,9 +17,10 @@ exact for the true result as the kernels fold the zero point as ``Σ x w − z �
 ``C[i] += Σ_k A[k] · B[i, k]`` for 4 lanes i and k < 4: A is one 32-bit word (4 x s8) broadcast
 to the 4 lanes, B one 128-bit register (4 lanes x 4 s8). A block of 8 output channels is two
 such instructions (the schedule unrolls the register loop). The intrinsic is registered per
-accumulator scope (tensorize matches buffer scopes): ``qc_arm_sdot_4_{scope}``. TVM's own
-``dot_4x4_i8i8s32_sdot`` (tvm/s_tir/tensor_intrin/arm_cpu.py) is the same computation with a
-``global`` accumulator, which does not match the kernels' ``local`` register accumulators.
+accumulator scope (tensorize matches buffer scopes; the kernels' is
+:data:`.intrin_x86.ACC_SCOPE`): ``qc_arm_sdot_4_{scope}``. TVM's own ``dot_4x4_i8i8s32_sdot``
+(tvm/s_tir/tensor_intrin/arm_cpu.py) is the same computation for one scope, and has no indexed
+form (:func:`register_lane`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from functools import lru_cache
 from tvm import s_tir
 from tvm.script import tirx as T
 
+from .intrin_x86 import ACC_SCOPE
 from .target import TargetSpec
 
 SDOT_LLVM = "llvm.aarch64.neon.sdot.v4i32.v16i8"
@@ -74,10 +76,10 @@ def _make(lanes: int, scope: str):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
             T.writes(C[0:lanes])
-            a32 = T.reinterpret(A.vload([0], "int8x4"), dtype="int32")
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
-                T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int8x4"), dtype="int32"), lanes),
+                              dtype=f"int8x{word}"),
                 B.vload([0, 0], dtype=f"int8x{word}"), dtype="int32x4")
     return desc, impl
 
@@ -117,6 +119,8 @@ def _make_lane(groups: int, scope: str):
                             vi, vg, vj = T.axis.remap("SRR", [i, g, j])
                             C[vi] = C[vi] + T.cast(A[vg * k + vj], "int32") * T.cast(B[vg, vi, vj], "int32")
 
+    a_vec, w_vec = f"int8x{groups * k}", f"int32x{groups}"
+
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (groups * k,), "int8", offset_factor=1)
@@ -125,31 +129,36 @@ def _make_lane(groups: int, scope: str):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:groups * k], B[0:groups, 0:lanes, 0:k])
             T.writes(C[0:lanes])
-            words = T.reinterpret(A.vload([0], f"int8x{groups * k}"), dtype=f"int32x{groups}")
+            # the A words inline (each use one more identical load, which LLVM merges): bound to a
+            # name, TVMScript made them a buffer of their own (see intrin_x86.ACC_SCOPE)
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
                 B.vload([0, 0, 0], dtype="int8x16"),
-                T.reinterpret(T.Shuffle([words] * 4, [0, 0, 0, 0]), dtype="int8x16"), dtype="int32x4")
+                T.reinterpret(T.Shuffle([T.reinterpret(A.vload([0], a_vec), dtype=w_vec)] * 4, [0, 0, 0, 0]),
+                              dtype="int8x16"), dtype="int32x4")
             if groups > 1:        # a Python constant: the parser keeps or drops the statement
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
                     B.vload([1, 0, 0], dtype="int8x16"),
-                    T.reinterpret(T.Shuffle([words] * 4, [1, 1, 1, 1]), dtype="int8x16"), dtype="int32x4")
+                    T.reinterpret(T.Shuffle([T.reinterpret(A.vload([0], a_vec), dtype=w_vec)] * 4, [1, 1, 1, 1]),
+                              dtype="int8x16"), dtype="int32x4")
             if groups > 2:
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
                     B.vload([2, 0, 0], dtype="int8x16"),
-                    T.reinterpret(T.Shuffle([words] * 4, [2, 2, 2, 2]), dtype="int8x16"), dtype="int32x4")
+                    T.reinterpret(T.Shuffle([T.reinterpret(A.vload([0], a_vec), dtype=w_vec)] * 4, [2, 2, 2, 2]),
+                              dtype="int8x16"), dtype="int32x4")
             if groups > 3:
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
                     B.vload([3, 0, 0], dtype="int8x16"),
-                    T.reinterpret(T.Shuffle([words] * 4, [3, 3, 3, 3]), dtype="int8x16"), dtype="int32x4")
+                    T.reinterpret(T.Shuffle([T.reinterpret(A.vload([0], a_vec), dtype=w_vec)] * 4, [3, 3, 3, 3]),
+                              dtype="int8x16"), dtype="int32x4")
     return desc, impl
 
 
 @lru_cache(maxsize=None)
-def register_lane(groups: int, scope: str = "local") -> str:
+def register_lane(groups: int, scope: str = ACC_SCOPE) -> str:
     """The name of the indexed-sdot intrinsic over ``groups`` groups of 4 input channels."""
     name = f"qc_arm_sdot_4x{groups}_{scope}"
     try:

@@ -19,8 +19,8 @@ Two exact formulations of ``C[i] += Σ_k A[k] · B[i, k]`` (int32 accumulators, 
 
 The A operand is one 32-bit word (4 x u8 or 2 x s16) broadcast to all lanes, the B operand one
 vector register of packed weights. Each intrinsic is registered once per accumulator scope
-(``global`` and ``local``: tensorize matches buffer scopes) and lane count (4, 8, 16: xmm, ymm,
-zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``; :func:`wide_intrin` is pmaddwd with int16
+(tensorize matches buffer scopes; the CPU kernels use :data:`ACC_SCOPE`) and lane count (4, 8,
+16: xmm, ymm, zmm). Names: ``qc_x86_{vnni|pmaddwd}_{L}_{scope}``; :func:`wide_intrin` is pmaddwd with int16
 weights as well (``qc_x86_pmaddwd16_...``), for the Winograd-transformed operands.
 
 :class:`DotIsa` also describes ARM's ``sdot`` (s8 x s8, groups of 4, 4 lanes), whose intrinsic
@@ -35,6 +35,19 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from .target import TargetSpec
+
+ACC_SCOPE = "global"
+"""Storage scope of the CPU kernels' register-tile accumulators (the schedules' ``cache_write``, the
+intrinsics' C buffer, the sparse kernels' tiles): ``global``, as TVM's own x86 conv schedules
+(topi ``cache_write(C, "global")``), not ``local``. TVM's LowerTVMBuiltin keeps a CPU allocation
+on the stack only when it is ``global`` and of constant size under 1 KB (runtime::kMaxStackAlloca);
+any other becomes a TVMBackendAllocWorkspace / TVMBackendFreeWorkspace pair, and inside a
+parallel loop that pair runs on every iteration (a 7 x 8 int32 tile: 896 times per call of
+fashion_mobilenet's 16->64 1x1 conv at batch 8). With ``local`` tiles those calls were ~14 % of
+the batch-8 int8 model's samples (``perf``); ``global``: 1720 -> 1227 us (int8) and 1291 -> 976 us
+(fp32) on a 2-vCPU Zen 1, 2 threads, the same outputs. An accumulator of 1 KB or more (AVX-512's
+28 x 16-lane tiles) still takes the workspace path. The A word of the intrinsics below is written
+inline, not bound to a name: TVMScript made such a name a 4-byte ``local`` buffer of its own."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,7 @@ class DotIsa:
             lanes //= 2
         return 0
 
-    def intrin(self, lanes: int, scope: str = "local") -> str:
+    def intrin(self, lanes: int, scope: str = ACC_SCOPE) -> str:
         if self.kind == "sdot":
             from .intrin_arm import register
             return register(lanes, scope)
@@ -157,10 +170,10 @@ def _make(kind: str, lanes: int, scope: str):
             with T.sblock("root"):
                 T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
                 T.writes(C[0:lanes])
-                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(_VNNI_LLVM[lanes]), C.vload([0], c_vec),
-                    T.reinterpret(T.broadcast(a32, lanes), dtype=f"int8x{word}"),
+                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], a_vec), dtype="int32"), lanes),
+                                  dtype=f"int8x{word}"),
                     B.vload([0, 0], dtype=b_vec), dtype=c_vec)
     else:                                  # pmaddwd (int8 B: sign-extended) and pmaddwd16 (the cast a no-op)
         @T.prim_func(s_tir=True)
@@ -170,15 +183,15 @@ def _make(kind: str, lanes: int, scope: str):
             with T.sblock("root"):
                 T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
                 T.writes(C[0:lanes])
-                a32 = T.reinterpret(A.vload([0], a_vec), dtype="int32")
                 C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], c_vec) + T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(_PMADDWD_LLVM[lanes]),
-                    T.reinterpret(T.broadcast(a32, lanes), dtype=w_vec),
+                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], a_vec), dtype="int32"), lanes),
+                                  dtype=w_vec),
                     T.cast(B.vload([0, 0], dtype=b_vec), w_vec), dtype=c_vec)
     return desc, impl
 
 
-def wide_intrin(lanes: int, scope: str = "local") -> str:
+def wide_intrin(lanes: int, scope: str = ACC_SCOPE) -> str:
     """``vpmaddwd`` on int16 A *and* B operands (``qc_x86_pmaddwd16_{L}_{scope}``): for operands
     that need more than 8 bits, the transformed tiles of :mod:`.kernels.qwinograd`."""
     return _register("pmaddwd16", lanes, scope)

@@ -56,6 +56,7 @@ from tvm.script.ir_builder import tirx as T
 
 from ...ir.types import INT_RANGES
 from ...sparse import format as sfmt
+from ..intrin_x86 import ACC_SCOPE
 from . import qdot
 from .conv import F32_EXACT, _attrs2d, _epilogue, exact_f32_bound
 from .linalg import gemm_epilogue
@@ -260,7 +261,7 @@ class _Kernel:
 
     def _tile(self, b, nbk, p0, size, t_packed=None):
         rb = self.rb
-        acc = T.alloc_buffer((rb, size), self.dt, scope="local")
+        acc = T.alloc_buffer((rb, size), self.dt, scope=ACC_SCOPE)
         for r in range(rb):
             with T.vectorized(0, size) as t:
                 T.buffer_store(acc, self.zero(), [r, t])
@@ -291,7 +292,7 @@ class _Kernel:
         nblk = self.nr
         with T.parallel(0, self.nb * ntiles * nblk) as q:
             b, t, n = q // (ntiles * nblk), (q // nblk) % ntiles, q % nblk
-            acc = T.alloc_buffer((tile,), I32, scope="local")
+            acc = T.alloc_buffer((tile,), I32, scope=ACC_SCOPE)
             with T.vectorized(0, tile) as i:
                 T.buffer_store(acc, self.zero(), [i])
             with T.serial(rp[n], rp[n + 1]) as e:
@@ -311,7 +312,7 @@ class _Kernel:
         with T.parallel(0, self.nb * nrows) as q:
             b, n = q // nrows, q % nrows
             if self.fmt == "2:4":
-                acc = T.alloc_buffer((1,), self.dt, scope="local")
+                acc = T.alloc_buffer((1,), self.dt, scope=ACC_SCOPE)
                 T.buffer_store(acc, self.zero(), [0])
                 self.row_terms(n, lambda r, w, k: T.buffer_store(
                     acc, self.mac(acc[0], w, self.read(self.xb, b, self.xrow(n, k), 0)), [0]))
@@ -320,7 +321,7 @@ class _Kernel:
             rp, ci, vals = self.wb
             v = vw
             per = 4 if self.fmt == "bsr1x4" else 1
-            acc = T.alloc_buffer((v * per,), self.dt, scope="local")
+            acc = T.alloc_buffer((v * per,), self.dt, scope=ACC_SCOPE)
             with T.vectorized(0, v * per) as t:
                 T.buffer_store(acc, self.zero(), [t])
             start, count = rp[n], rp[n + 1] - rp[n]

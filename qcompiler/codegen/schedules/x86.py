@@ -8,8 +8,9 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
   style of TVM's x86 ``conv2d_NCHWc``: the loop nest is (n·ko·y) parallel, then output-width
   tiles of ``reg_n`` columns; inside a tile the reduction runs over (input-channel blocks, kernel
   rows, kernel columns, input channels) with ``reg_n × b`` accumulators in registers
-  (``cache_write`` to ``local``), the ``b`` output channels being one vector. The epilogue
-  (bias, residual, activation, cast) is inlined into the register write-back.
+  (``cache_write`` to :data:`..intrin_x86.ACC_SCOPE`: a stack tile, not a workspace call per
+  tile), the ``b`` output channels being one vector. The epilogue (bias, residual, activation,
+  cast) is inlined into the register write-back.
 * ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
   output-channel blocks holding one transform, 16 tensorized gemms and the output transform
   (:func:`conv2d_winograd`).
@@ -32,6 +33,8 @@ import os
 
 import tvm
 from tvm import s_tir
+
+from ..intrin_x86 import ACC_SCOPE
 
 log = logging.getLogger(__name__)
 STRICT = os.environ.get("QC_STRICT_SCHEDULE") == "1"
@@ -218,7 +221,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     sch.reorder(n, ko, y, xo, *red, xi, ki)
     par = sch.fuse(n, ko, y)
     _parallel(sch, par)
-    acc = sch.cache_write(blk, 0, "local")
+    acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 2)
@@ -320,7 +323,7 @@ def dense(sch, vw, mb):
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
         _parallel(sch, par)
-    acc = sch.cache_write(blk, 0, "local")
+    acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 1)
@@ -351,7 +354,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
     _parallel(sch, par)
     if pad:
         _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
-    acc = sch.cache_write(blk, 0, "local")
+    acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 2)
@@ -413,7 +416,7 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
     if by_channel:                                 # (n, ty, tx) of the input transform, then (co, ε, ci)
         _split_ahead(sch, launch, vin, sch.get_loops(vin)[-6:-3])
 
-    acc = sch.cache_write(blk, 0, "local")
+    acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, txo, preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(acc)[-1])
     sch.unroll(txi)
@@ -474,7 +477,7 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
         _parallel(sch, par)
     if _block(sch, "pad") is not None:
         _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
-    acc = sch.cache_write(blk, 0, "local")
+    acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 1)
@@ -496,7 +499,7 @@ def matmul(sch, vw):
     if b > 1:
         jo, ji = sch.split(j, [None, b])
         sch.reorder(rows, jo, rk, ji)
-        acc = sch.cache_write(blk, 0, "local")
+        acc = sch.cache_write(blk, 0, ACC_SCOPE)
         sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)
         _vectorize_inner(sch, acc, 2)
         sch.vectorize(ji)
