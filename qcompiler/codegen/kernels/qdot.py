@@ -181,9 +181,14 @@ def fold_taps(x, w: np.ndarray, a, zx: int, q: int):
     fill = tirx.const(zx, x.cdtype)
 
     def xq(idx):
+        # a Select of a load at the clamped column (always in bounds), not an if_then_else: the
+        # condition depends on j, the packing stage's vector lane, and TVM scalarizes an
+        # if_then_else whose condition differs between lanes (a branch per element: a third of
+        # fashion_mobilenet's int8 stem kernel)
         i, j, y, p = idx
         col = p - pl + j * dw
-        return tirx.if_then_else(tirx.all(col >= 0, col < wd), x.at((i, 0, y, col)), fill)
+        safe = tirx.max(tirx.min(col, wd - 1), 0)
+        return tirx.Select(tirx.all(col >= 0, col < wd), x.at((i, 0, y, safe)), fill)
     wq = np.zeros((k, q, r, st), w.dtype)
     for t in range(st):
         for j in range(q):
