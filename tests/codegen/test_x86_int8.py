@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from qcompiler.codegen.lower import build_module
+from qcompiler.codegen.lower import build_module, lower
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.ir.ops import infer_types
@@ -34,6 +34,12 @@ def run_tvm(g: Graph, feeds: dict, spec: TargetSpec = SPEC) -> list[np.ndarray]:
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(feeds[v.name])) for v in g.inputs])
     outs = list(out) if len(g.outputs) > 1 else [out]
     return [o.numpy() for o in outs]
+
+
+def conv_script(g: Graph, spec: TargetSpec = SPEC) -> str:
+    """The scheduled TVMScript of the (one) QLinearConv kernel of ``g`` lowered for ``spec``."""
+    mod = lower(g, spec)
+    return next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
 
 
 def check_exact(g: Graph, feeds: dict, what: str = "", spec: TargetSpec = SPEC):
@@ -217,14 +223,12 @@ def test_int32_epilogue_keeps_its_clamp():
     shift loaded from an int8 constant and used as ``x >> (s - 32)``, TVM's bound of the shift
     (not known to lie in [0, 31]) made ``x >> t`` look like [-2, 1] and the clamp to [0, 255] was
     dropped as always true (rapidocr-cls: one output 252 instead of 0, and 66 layers off after it)."""
-    from qcompiler.codegen.lower import lower
     g = Graph("q")
     x = g.add_input("x", TensorType((1, 16, 6, 6), "uint8", U8))
     y = add_qconv(g, x, 16, (1, 1))
     assert min(y.producer.attrs["shift"]) >= 33 and len(set(y.producer.attrs["shift"])) > 1
     g.outputs = [y]
-    mod = lower(g, SPEC)
-    script = next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
+    script = conv_script(g)
     assert "T.min(" in script and "T.max(" in script
     check_exact(g, {"x": qin(U8, (1, 16, 6, 6))}, "per-channel int32 epilogue")
 

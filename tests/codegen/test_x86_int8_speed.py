@@ -23,7 +23,7 @@ from tvm import te
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_x86_int8 import ACT, RNG, SPEC, add_qconv, check_exact, qin  # noqa: E402
+from test_x86_int8 import ACT, RNG, SPEC, add_qconv, check_exact, conv_script, qin  # noqa: E402
 
 from qcompiler.codegen.kernels import quant as kquant  # noqa: E402
 from qcompiler.codegen.lower import lower  # noqa: E402
@@ -249,12 +249,6 @@ def test_unpruned_layers_stay_dense_for_time(n, k, m):
     s = LayerShape.of(w, 3136, conv=True)
     assert stored_entries(s, "bsr1x4") < stored_entries(s, "dense")
     assert choose(s).format_time != "dense"
-
-
-def conv_script(g: Graph, spec: TargetSpec) -> str:
-    """The scheduled TVMScript of the (one) QLinearConv kernel of ``g`` lowered for ``spec``."""
-    mod = lower(g, spec)
-    return next(mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint).script()
 
 
 def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way(monkeypatch):
