@@ -212,8 +212,11 @@ def test_half_the_flags(capsys, tmp_path, tracker, artifacts, data):
 
 def test_layer_costs_through_rpc(tracker):
     """Kernel timings on the board (here: the same CPU over loopback) are positive for every
-    layer with a kernel and of the same order as the host's: all-int8 and all-float totals within
-    a factor of 3, per layer within a factor of 5 for layers of at least 2 µs."""
+    layer with a kernel, name the same heaviest layer as the host's and are in the same unit:
+    all-int8 and all-float totals within a factor of 10 (a seconds/milliseconds mix-up is 1000).
+    Closer ratios are not asserted: the suite runs on two workers sharing two cores, and a
+    multi-threaded kernel timed while the other worker computes ran 2-6x slower (CI, 2026-11-24:
+    the float Flatten took 0.0315 ms on the host against 0.0055 ms on the board)."""
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.frontend import import_onnx
     from qcompiler.passes import PassManager
@@ -235,10 +238,11 @@ def test_layer_costs_through_rpc(tracker):
         print(f"{n}: {loc.int8_ms[n]:.4f} / {rem.int8_ms[n]:.4f}, {loc.float_ms[n]:.4f} / {rem.float_ms[n]:.4f}")
         for a, b in ((loc.int8_ms[n], rem.int8_ms[n]), (loc.float_ms[n], rem.float_ms[n])):
             assert (a > 0) == (b > 0), n
-            if a >= 0.002:
-                assert 0.2 < b / a < 5, (n, a, b)
+    for costs in ("int8_ms", "float_ms"):
+        here, there = getattr(loc, costs), getattr(rem, costs)
+        assert max(here, key=here.get) == max(there, key=there.get), (costs, here, there)
     for a, b in ((loc.latency(), rem.latency()), (loc.float_latency(), rem.float_latency())):
-        assert a > 0 and 1 / 3 < b / a < 3, (a, b)
+        assert a > 0 and 1 / 10 < b / a < 10, (a, b)
     assert rem.conversion_ms[1] > 0
     print(f"all int8: host {loc.latency():.4f} ms, board {rem.latency():.4f} ms; all float: host "
           f"{loc.float_latency():.4f} ms, board {rem.float_latency():.4f} ms")
