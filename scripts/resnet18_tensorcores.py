@@ -126,8 +126,9 @@ def fused_module(g, spec):
 
 def classify(mod, target):
     """[(kernel, rule, uses_wmma, (I, J, K) | None)] for every conv/gemm PrimFunc of ``mod``: the
-    int8 implicit GEMMs the lowering already scheduled on tensor cores (rule "cuda_wmma",
-    qcompiler/codegen/schedules/cuda_wmma.py), the rest as dlight's ApplyDefaultSchedule would."""
+    kernels the lowering already scheduled (rule "cuda_wmma": int8 implicit GEMMs on tensor cores,
+    qcompiler/codegen/schedules/cuda_wmma.py; "cuda_direct": depthwise convs and pooling,
+    schedules/cuda_direct.py), the rest as dlight's ApplyDefaultSchedule would."""
     import tvm
     from tvm.s_tir import dlight as dl
     from qcompiler.codegen.schedules import cuda_wmma
@@ -136,8 +137,9 @@ def classify(mod, target):
     for gv, f in mod.functions.items():
         if not isinstance(f, tvm.tirx.PrimFunc) or not any(k in gv.name_hint for k in ("conv", "gemm", "Gemm", "Conv")):
             continue
-        if f.attrs is not None and "tirx.is_scheduled" in f.attrs:     # qcompiler's int8 WMMA rule
-            rows.append((gv.name_hint, "cuda_wmma", "tvm_mma_sync" in f.script(), None))
+        if f.attrs is not None and "tirx.is_scheduled" in f.attrs:     # scheduled by the lowering itself
+            wmma = "tvm_mma_sync" in f.script()
+            rows.append((gv.name_hint, "cuda_wmma" if wmma else "cuda_direct", wmma, None))
             continue
         name, sch = "NONE", None
         for rname, r in zip(RULES, rules):

@@ -19,22 +19,27 @@ of 4 channels; ``spec.cpu``/``spec.features`` (e.g. cortex-a76, +dotprod,+fullfp
 mcpu/mattr. Every real model lowers and compiles; fashion_mobilenet and rapidocr-cls run under
 qemu-aarch64 within 1e-4·max|ref| of ONNX Runtime (tests/codegen/test_arm_qemu.py).
 
-CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW) and no hand schedules: the
-PrimFuncs are left unmarked and ``tvm.compile``'s CUDA pipeline (LegalizeOps, FuseOps/FuseTIR,
-then dlight's Matmul/GEMV/Reduction/GeneralReduction/Fallback rules) binds them to GPU threads.
-Measured (scripts/resnet18_tensorcores.py): every non-depthwise conv gets dlight's ``gpu.Matmul``
-(an implicit GEMM, I = n·oh·ow, J = co, K = ci·kh·kw, 2-D block tiles through shared memory),
-depthwise convs ``GeneralReduction``, small-batch gemms GEMV/Reduction. Tensor cores (WMMA
-m16n16k16, sm_70+) where I, J, K > 64 (dlight's threshold): fp16 (``--dtype fp16``) by dlight's
-``MatmulTensorization`` -- the conv's padding stage keeps the float16 storage (kernels/conv.py
-``_StoredF16``) so the reduction reads ``f32(A_f16) * f32(B_f16)``; int8 by
-:mod:`.schedules.cuda_wmma` (dlight's int8 rule with K tiled 4x16: dlight's own does not build in
-TVM 0.27) over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
-``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128),
-applied here at lowering and marked scheduled. ResNet-18 (224x224) on tensor cores: int8 9 of 20
-convs at batch 1 (layers 2-3; layer 1's J = 64 and layer 4's I = 49 miss the threshold), 14 of 20
-at batch 8; fp16 7 / 11 of 15. On an H100 the sm_90 artifacts of a 1x128x28x28 -> 128 3x3
-int8 conv (WMMA) and of the int8 fashion_mobilenet are bit-exact with qcompiler.quant.reference;
+CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW). Two hand schedules are applied
+here at lowering and mark their kernels scheduled: int8 implicit GEMMs on tensor cores
+(:mod:`.schedules.cuda_wmma`, below) and reductions over a small window -- depthwise convs, pooling
+-- one thread per output element (:mod:`.schedules.cuda_direct`; dlight's GeneralReduction spent
+a thread block per output element on them: MobileNetV2 int8 took 130 ms at batch 64 on an H100,
+2.5 ms with the direct schedule). Every other PrimFunc is left unmarked and ``tvm.compile``'s CUDA
+pipeline (LegalizeOps, FuseOps/FuseTIR, then dlight's Matmul/GEMV/Reduction/GeneralReduction/
+Fallback rules) binds it to GPU threads: non-depthwise convs get dlight's ``gpu.Matmul`` (an
+implicit GEMM, I = n·oh·ow, J = co, K = ci·kh·kw, 2-D block tiles through shared memory),
+small-batch gemms GEMV/Reduction. Tensor cores (WMMA m16n16k16, sm_70+): fp16 (``--dtype fp16``)
+by dlight's ``MatmulTensorization`` where I, J, K > 64 (dlight's threshold) -- the conv's padding
+stage keeps the float16 storage (kernels/conv.py ``_StoredF16``) so the reduction reads
+``f32(A_f16) * f32(B_f16)``; int8 by :mod:`.schedules.cuda_wmma` (dlight's int8 rule with K tiled
+4x16 -- dlight's own does not build in TVM 0.27 -- and 64-row block tiles) where I >= 32,
+J >= 64, K >= 64, over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
+``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128).
+ResNet-18 (224x224) on tensor cores: int8 all 20 convs at batch 1 (9 with dlight's threshold:
+layer 1's J = 64 and layer 4's I = 49 missed it); fp16 7 / 11 of 15 at batch 1 / 8. On an H100
+the sm_90 int8 artifacts of ResNet-18 and MobileNetV2 (batch 1, 2026-11-24), of single convs
+and depthwise convs, and of fashion_mobilenet (2026-11-23, before the direct schedule) are
+bit-exact with qcompiler.quant.reference;
 on CPU the CUDA int8 computes equal the x86 int8 build (tests/codegen/test_cuda_build.py). ``--dtype bf16`` (CUDA only) is the fp16 scheme below with bfloat16 storage (see Precision).
 
 Quantized graphs (made by the quantize pass; any ``spec.dtype``, "int8" included): every integer op
@@ -126,7 +131,7 @@ from .kernels import shape as kshape
 from .kernels import sparse as ksparse
 from .kernels import sparse_shared as kshared
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, phys_shape, scalar
-from .schedules import cuda_wmma
+from .schedules import cuda_direct, cuda_wmma
 from .schedules import x86 as sched_x86
 from .target import TargetSpec
 
@@ -240,6 +245,7 @@ class _Lowering:
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
         self.cuda_target = tvm.target.Target(spec.tvm) if spec.family == "cuda" else None
+        self.gpu_schedules = True
         self.fdtype = ("bfloat16" if spec.dtype == "bf16" else
                        "float16" if "fp16" in (spec.dtype, spec.float_dtype) else "float32")
         self.stored: dict[Value, Stored] = {}
@@ -389,7 +395,8 @@ class _Lowering:
         elif self.spec.family == "cuda":
             # int8 implicit GEMMs on tensor cores (dlight's own int8 rule does not build in TVM 0.27:
             # schedules/cuda_wmma.py); everything else left to the CUDA pipeline's dlight rules
-            scheduled = cuda_wmma.schedule_int8(func, self.cuda_target) or func
+            scheduled = func if not self.gpu_schedules else (
+                cuda_wmma.schedule_int8(func, self.cuda_target) or cuda_direct.schedule(func, self.cuda_target) or func)
         else:
             scheduled = sched_x86.apply(func, kind, params, self.vw, self.spec.host_tvm.get("mcpu"))
         name = f"k{len(self.kernels)}_{hint}"
@@ -534,10 +541,13 @@ def _hint(name: str) -> str:
     return s if s and not s[0].isdigit() else "v" + s
 
 
-def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None) -> tvm.IRModule:
-    """The Relax module for ``graph`` on ``spec`` (CPU: scheduled TIR kernels; CUDA: unscheduled
-    plain-layout TIR kernels that tvm.compile's CUDA pipeline schedules with dlight). ``sources``,
-    if given, receives each kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py)."""
+def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_schedules: bool = True) -> tvm.IRModule:
+    """The Relax module for ``graph`` on ``spec`` (CPU: scheduled TIR kernels; CUDA: plain-layout
+    TIR kernels, the int8 GEMMs and small-window reductions scheduled, the rest left for
+    tvm.compile's CUDA pipeline to schedule with dlight). ``sources``,
+    if given, receives each kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py).
+    ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module then also compiles for
+    a CPU (tests check the CUDA computes there; the schedules only reorder, tile, bind and tensorize)."""
     if spec.family not in ("x86", "arm", "cuda"):
         raise LoweringError(f"lower() handles x86, arm and cuda targets; got '{spec.family}'")
     if spec.dtype not in ("fp32", "fp16", "bf16", "int8"):
@@ -546,6 +556,7 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None) -> tvm.IR
     if spec.dtype == "bf16" and spec.family != "cuda":
         raise LoweringError("--dtype bf16 is lowered for --target cuda only")
     low = _Lowering(graph, spec)
+    low.gpu_schedules = gpu_schedules
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)

@@ -176,15 +176,18 @@ def test_real_model_runtime_only_load_needs_no_jit(real_sm90):
 
 
 def test_cuda_lowering_numerics_on_cpu(ort_run):
-    """No GPU here: the very kernels lowered for CUDA (plain NCHW, before dlight's GPU schedules) are
-    compiled for the host CPU and compared with ONNX Runtime, so a layout or indexing error in the
-    CUDA lowering cannot hide until a GPU is available (dlight only reorders and binds loops)."""
+    """No GPU here: the very kernels lowered for CUDA (plain NCHW, before the GPU schedules: dlight's
+    and the lowering's own, ``gpu_schedules=False``, which only reorder, tile and bind loops) are
+    compiled for the host CPU
+    and compared with ONNX Runtime, so a layout or indexing error in the CUDA lowering cannot hide
+    until a GPU is available."""
     import tvm
     from tvm import relax
     from qcompiler.codegen.lower import lower
     m = _real_model()
     g = _real_graph(m)
-    ex = tvm.compile(lower(g, TargetSpec("cuda", arch=("sm_90",))), target=tvm.target.Target({"kind": "llvm"}))
+    ex = tvm.compile(lower(g, TargetSpec("cuda", arch=("sm_90",)), gpu_schedules=False),
+                     target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     feeds = m.feeds()
     y = vm["main"](*[tvm.runtime.tensor(feeds[v.name]) for v in g.inputs]).numpy()
@@ -213,15 +216,15 @@ def test_cuda_int8_lowering_bit_exact_on_cpu():
     """The int8 kernels lowered for CUDA (group-1 QLinearConv as an s8 x s8 -> s32 implicit GEMM over
     x - 128, the form dlight's/our int8 WMMA rule takes; kernels/quant.py ``_cuda_conv_s8s8``),
     compiled for the host CPU, give exactly the integers of the x86 int8 build and of the numpy
-    integer reference on real Fashion-MNIST images. sm_61 has no int8 WMMA, so no kernel is
-    pre-scheduled for tensor cores and the plain TIR compiles for LLVM; the computes are the same
-    for sm_90 (the schedule only reorders, tiles and tensorizes them)."""
+    integer reference on real Fashion-MNIST images. Lowered with ``gpu_schedules=False``: the
+    lowering's own GPU schedules (int8 WMMA on sm_70+, depthwise convs) bind threads and compile
+    for CUDA only; the computes are the same (the schedules only reorder, tile, bind and tensorize)."""
     import tvm
     from tvm import relax
     from qcompiler.codegen.lower import build_module, lower
     from qcompiler.quant import reference
     g, inp, x, y = _fashion_int8()
-    mod = lower(g, TargetSpec("cuda", arch=("sm_61",), dtype="int8"))
+    mod = lower(g, TargetSpec("cuda", arch=("sm_61",), dtype="int8"), gpu_schedules=False)
     s8 = [gv.name_hint for gv in mod.functions if isinstance(mod[gv], tvm.tirx.PrimFunc) and "qw_s8" in mod[gv].script()]
     assert len(s8) >= 10, s8                      # every pointwise/full conv took the s8 x s8 path
     cuda_cpu = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
@@ -260,23 +263,81 @@ def _one_conv_int8(c: int = 128, hw: int = 28):
     return g
 
 
+def _launch(script: str, axis: str) -> int:
+    """The extent bound to ``axis`` (e.g. threadIdx.y) in a scheduled kernel's TVMScript."""
+    import re
+    (ext,) = set(re.findall(r'T\.thread_binding\((\d+), thread="' + re.escape(axis) + '"\)', script))
+    return int(ext)
+
+
 @pytest.mark.slow
 def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
-    """A 1x128x28x28 -> 128 3x3 int8 conv (implicit GEMM I = 784, J = 128, K = 1152) is scheduled on
-    int8 WMMA (schedules/cuda_wmma.py). ~80 s: importing TVM's tensor intrinsics (tvm.s_tir.
-    tensor_intrin, parsed from TVMScript at import) dominates. The built CUDA source (wmma::mma_sync
-    on signed-char fragments) is checked on GPU hosts: tests/codegen/test_cuda_gpu.py."""
-    spec = TargetSpec("cuda", arch=("sm_90",), dtype="int8")
-    assert "tvm_mma_sync" in wmma_conv_kernel(spec).script()
-    # below dlight's size threshold (J = co = 64 <= 64) the conv stays on dlight's plain rules
+    """ResNet-18-shaped 3x3 int8 convs on int8 WMMA (schedules/cuda_wmma.py) in 64-row block tiles:
+    1x128x28x28 -> 128 (implicit GEMM I = 784, J = 128, K = 1152) in 64x128 tiles (8 warps, 13
+    blocks); 1x128x7x7 -> 128 (I = 49, layer 4's I at batch 1: dlight's threshold, every extent
+    > 64, kept it off tensor cores) padded to one 64-row tile; 1x64x28x28 -> 64 (J = 64: layer 1)
+    in 64x64 tiles (4 warps). A 32-channel conv (J = 32) stays on dlight's SIMT rules. ~80 s:
+    importing TVM's tensor intrinsics (tvm.s_tir.tensor_intrin, parsed from TVMScript at import)
+    dominates. The built CUDA source (wmma::mma_sync on signed-char fragments) is checked on GPU
+    hosts: tests/codegen/test_cuda_gpu.py."""
     from qcompiler.codegen.lower import lower
-    small = lower(_one_conv_int8(c=64), spec)
+    spec = TargetSpec("cuda", arch=("sm_90",), dtype="int8")
+    for kernel, warps, blocks in ((wmma_conv_kernel(spec), 8, 13), (wmma_conv_kernel(spec, c=128, hw=7), 8, 1),
+                                  (wmma_conv_kernel(spec, c=64), 4, 13)):
+        script = kernel.script()
+        assert "tvm_mma_sync" in script
+        assert (_launch(script, "threadIdx.y"), _launch(script, "blockIdx.x")) == (warps, blocks)
+    small = lower(_one_conv_int8(c=32), spec)
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
 
 
-def wmma_conv_kernel(spec):
+def test_wmma_block_tile_pads_j_least():
+    """64 rows; 128 columns unless 64 pads J less (J = 64, 160, 192 ...); 128 on a tie (J = 96)."""
+    from qcompiler.codegen.schedules.cuda_wmma import TILES, block_tile
+    for j, tile in ((64, "64x64"), (96, "64x128"), (128, "64x128"), (160, "64x64"), (192, "64x64"),
+                    (256, "64x128"), (512, "64x128"), (1000, "64x128")):
+        assert block_tile((1, 49, j, 4608)) == TILES[tile], j
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_depthwise_conv_is_one_thread_per_output(dtype):
+    """A 3x3 depthwise conv (stride 2) is scheduled by schedules/cuda_direct.py, not dlight's
+    GeneralReduction: the output's n*c*oh*ow = 2*24*14*14 = 9408 elements over 37 blocks of 256
+    threads, the 9 taps unrolled into a register accumulator, the padding stage inlined (no other
+    buffer than the accumulator)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
     from qcompiler.codegen.lower import lower
-    mod = lower(_one_conv_int8(), spec)
+    from qcompiler.frontend import import_onnx
+    from qcompiler.passes import PassContext, PassManager, run_passes
+    from qcompiler.passes.quantize import QuantizeOptions
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((24, 1, 3, 3)) * 0.3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2], group=24),
+         helper.make_node("Relu", ["y"], ["z"])], "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 24, 28, 28])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 24, 14, 14])], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    g = import_onnx(m)
+    run_passes(g)
+    if dtype == "int8":
+        calib = [{"x": rng.standard_normal((2, 24, 28, 28)).astype(np.float32)}]
+        PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
+    (conv,) = [mod[gv] for gv in mod.functions if "conv" in gv.name_hint]
+    script = conv.script()
+    assert conv.attrs["tirx.is_scheduled"]
+    assert (_launch(script, "blockIdx.x"), _launch(script, "threadIdx.x")) == (37, 256)
+    assert script.count("T.unroll(3)") == 2
+    allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
+    assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+
+
+def wmma_conv_kernel(spec, c: int = 128, hw: int = 28):
+    from qcompiler.codegen.lower import lower
+    mod = lower(_one_conv_int8(c, hw), spec)
     (conv,) = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint]
     assert conv.attrs["tirx.is_scheduled"]
     return conv
