@@ -8,14 +8,18 @@ script is run on a GPU host, e.g. the project's lent H100). For each model and b
 
 * the model: torchvision's ``resnet18`` / ``mobilenet_v2`` with random weights (``torch.manual_seed(0)``),
   eval mode; exported to ONNX (fp32, opset 17, static batch);
-* PyTorch: the model in fp16 on the GPU, eager and ``torch.compile`` (default mode), CUDA-event
-  timing of ``--iters`` calls after ``--warmup`` calls, under ``torch.inference_mode``;
+* PyTorch: the model in fp16 on the GPU, eager and ``torch.compile`` (default mode), under
+  ``torch.inference_mode``: the median of 5 CUDA-event timings of ``--iters`` calls, after
+  ``--warmup`` calls and at least 1 s of calls (the GPU's clock ramps up from idle);
 * qcompiler: the ONNX file through the CLI, ``qcompile M.onnx --target cuda --arch sm_90 --dtype fp16``
   and ``--dtype int8 --calib C.npz`` (64 random-normal calibration samples; ranges, not accuracy,
   matter for speed), compile time of each; the artifact loaded with ``qcompiler.load`` and its VM
-  ``main`` timed with TVM's ``time_evaluator`` (CUDA events, input already on the GPU);
+  ``main`` timed with TVM's ``time_evaluator`` (CUDA events, input already on the GPU; the same
+  warm-up and median of 5 rounds);
 * agreement: qcompiler fp16 against torch fp32 (max error / max|ref|) and int8's top-1 agreement
-  with torch fp32 over the batch (random weights and inputs: a sanity check, not an accuracy claim).
+  with torch fp32 over the batch (random weights and inputs: a sanity check, not an accuracy claim;
+  MobileNetV2 with torchvision's initialization and untouched BatchNorm statistics ends in logits
+  of ~1e-9, below float16's smallest subnormal, so its fp16 output is 0 and the error 1).
 
 Then the largest convolution of ResNet-18 (by multiply-accumulates; and the largest one whose
 GEMM sizes allow tensor cores) compiled alone as int8 and fp16 at batch 64, with the achieved
@@ -23,10 +27,23 @@ fraction of the H100 SXM's dense peak (int8 1979 TOPS, fp16 989 TFLOPS; NVIDIA H
 
 Prints one table: milliseconds per batch and the ratio to ``torch.compile`` fp16 (issue #10's
 goal: int8 <= 1.0x at batch 64 and <= 1.5x at batch 1).
+
+A GPU host without TVM's compiler (the project's lent H100 carries at most 64 MiB; the compiler
+library alone is 259 MB) takes the builds from a GPU-less host:
+
+    python bench/bench_cuda.py --build-only B --keep W      # GPU-less host: export, calibrate, build into B
+    python bench/bench_cuda.py --prebuilt B                 # GPU host: torch timings beside B's artifacts
+
+``--build-only`` needs torch and torchvision (CPU), ``--prebuilt`` a runtime-only TVM
+(``TVM_USE_RUNTIME_LIB=1``, see ``qcompiler.runtime``). Both rebuild the torch models from
+``torch.manual_seed(0)``; ``B/builds.json`` records each build's compile time and a fingerprint
+of the weights it was built from, and the agreement columns are printed only where the GPU host's
+torch model has the same fingerprint.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -45,7 +62,16 @@ PEAK = {"int8": 1979e12, "fp16": 989e12}     # H100 SXM5 dense tensor-core peaks
 
 def torch_model(name: str):
     import torch
-    import torchvision
+    try:
+        import torchvision
+    except RuntimeError:
+        # torchvision's compiled operators (nms, ...) do not register against a torch they were not
+        # built for (torchvision 0.28 beside the CPU torch 2.13); the model definitions need none of them
+        import types
+        for mod in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[mod]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision
     torch.manual_seed(0)
     return getattr(torchvision.models, name)(weights=None).eval()
 
@@ -60,19 +86,33 @@ def export_onnx(model, batch: int, path: Path) -> None:
         torch.onnx.export(model, (x,), str(path), **kw)
 
 
-def time_torch(fn, x, warmup: int, iters: int) -> float:
+WARM_S = 1.0     # warm-up of at least this long before timing: the H100 idles at 345 MHz and
+                 # takes a while to reach its 1980 MHz boost (one-shot timings of torch.compile's
+                 # ResNet-18 at batch 64 ranged 1.27-2.79 ms over three runs on 2026-11-24)
+
+
+def time_torch(fn, x, warmup: int, iters: int, repeats: int = 5) -> float:
+    """ms per call: the median of ``repeats`` CUDA-event timings of ``iters`` calls each, after
+    ``warmup`` calls and at least :data:`WARM_S` seconds of calls."""
     import torch
     with torch.inference_mode():
-        for _ in range(warmup):
+        t0, n = time.perf_counter(), 0
+        while n < warmup or time.perf_counter() - t0 < WARM_S:
             fn(x)
+            n += 1
+            if n % 10 == 0:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn(x)
-        end.record()
-        torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn(x)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / iters)
+    return float(np.median(times))
 
 
 def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: bool = False) -> float:
@@ -89,16 +129,29 @@ def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: 
     return time.perf_counter() - t0
 
 
-def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int) -> tuple[float, np.ndarray]:
+def fingerprint(model) -> float:
+    """The sum of |w| over the torch model's parameters: equal on two hosts when both drew the
+    same random weights."""
+    return float(sum(p.detach().abs().double().sum() for p in model.parameters()))
+
+
+def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int, repeats: int = 5) -> tuple[float, np.ndarray]:
+    """(ms per call: the median of ``repeats`` time_evaluator rounds of ``iters`` calls, after a
+    warm-up as in :func:`time_torch`; the output for ``x``)."""
     import tvm
-    import qcompiler
-    model = qcompiler.load(out)
+    from qcompiler.runtime import load
+    model = load(out)
     y = model(x)[0]
     arg = tvm.runtime.tensor(x, model.device)
-    f = model._vm.time_evaluator("main", model.device, number=iters, repeat=1)
-    for _ in range(max(1, warmup // 10)):
+    f = model._vm.time_evaluator("main", model.device, number=iters, repeat=repeats)
+    t0, n = time.perf_counter(), 0
+    while n < warmup or time.perf_counter() - t0 < WARM_S:
         model._vm["main"](arg)
-    return f(arg).mean * 1e3, y
+        n += 1
+        if n % 10 == 0:
+            model.device.sync()
+    model.device.sync()
+    return float(np.median(f(arg).results)) * 1e3, y
 
 
 def profile_artifact(out: Path, x: np.ndarray, top: int = 8, reps: int = 20) -> str:
@@ -107,8 +160,8 @@ def profile_artifact(out: Path, x: np.ndarray, top: int = 8, reps: int = 20) -> 
     per function; the ``top`` largest as 'name ms (share)', with the kernel-call count."""
     import collections
     import tvm
-    import qcompiler
-    model = qcompiler.load(out)
+    from qcompiler.runtime import load
+    model = load(out)
     arg = tvm.runtime.tensor(x, model.device)
     per, calls = collections.Counter(), collections.Counter()
 
@@ -165,12 +218,17 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="print where each qcompiler build spends its time")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also time each build made with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
+    p.add_argument("--build-only", metavar="DIR", default=None,
+                   help="only export and build, into DIR (a GPU-less host; time them later with --prebuilt DIR)")
+    p.add_argument("--prebuilt", metavar="DIR", default=None,
+                   help="time the artifacts that --build-only DIR made instead of building (a GPU host without TVM's compiler)")
     args = p.parse_args(argv)
     import torch
-    if not torch.cuda.is_available():
+    if args.build_only is None and not torch.cuda.is_available():
         print("bench_cuda: no CUDA device (this benchmark runs on a GPU host)", file=sys.stderr)
         return 2
-    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    if args.build_only is None:
+        print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
     work.mkdir(parents=True, exist_ok=True)
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -180,18 +238,21 @@ def main(argv=None) -> int:
         return dt + ("+graph" if graph else "")
 
     # 1. models, inputs and every build (side by side)
-    cases, jobs = [], {}
+    built = Path(args.build_only or args.prebuilt or work)
+    cases, jobs, prints = [], {}, {}
     for name in args.models.split(","):
         tm = torch_model(name)
+        prints[name] = fingerprint(tm)
         for batch in map(int, args.batches.split(",")):
             onnx_path = work / f"{name}_b{batch}.onnx"
-            export_onnx(tm, batch, onnx_path)
             calib = work / f"calib_b{batch}.npz"
-            if not calib.exists():
-                np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
+            if args.prebuilt is None:
+                export_onnx(tm, batch, onnx_path)
+                if not calib.exists():
+                    np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
             cases.append((name, batch, tm))
             for dt, graph in variants:
-                jobs[(name, batch, label(dt, graph))] = (onnx_path, work / f"{name}_b{batch}_{label(dt, graph)}", dt,
+                jobs[(name, batch, label(dt, graph))] = (onnx_path, built / f"{name}_b{batch}_{label(dt, graph)}", dt,
                                                          calib if dt == "int8" else None, graph)
     convs = {}
     if not args.no_conv:
@@ -200,17 +261,37 @@ def main(argv=None) -> int:
         for lab, (c, k, hw, r, st) in {"conv1 7x7/2 3->64 @224": (3, 64, 224, 7, 2),
                                        "layer4 3x3 512->512 @7": (512, 512, 7, 3, 1)}.items():
             path = work / f"conv_{c}_{k}_{hw}.onnx"
-            macs = conv_onnx(path, 64, c, k, hw, r, st)
+            oh = (hw + 2 * (r // 2) - r) // st + 1
+            macs = float(64 * k * oh * oh * c * r * r)
             calib = work / f"calib_conv_{c}_{hw}.npz"
-            np.savez(calib, x=np.random.default_rng(3).standard_normal((64, c, hw, hw)).astype(np.float32))
+            if args.prebuilt is None:
+                conv_onnx(path, 64, c, k, hw, r, st)
+                np.savez(calib, x=np.random.default_rng(3).standard_normal((64, c, hw, hw)).astype(np.float32))
             convs[lab] = (macs, (64, c, hw, hw))
             for dt in ("int8", "fp16"):
-                jobs[("conv", lab, dt)] = (path, work / f"conv_{c}_{k}_{hw}_{dt}", dt,
+                jobs[("conv", lab, dt)] = (path, built / f"conv_{c}_{k}_{hw}_{dt}", dt,
                                            calib if dt == "int8" else None, False)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        futures = {key: pool.submit(qcompile, *job) for key, job in jobs.items()}
-        build_s = {key: f.result() for key, f in futures.items()}
-    print(f"# {len(jobs)} builds, {args.jobs} side by side: {sum(build_s.values()):.0f} s of compile in all", flush=True)
+    if args.prebuilt is not None:
+        record = json.loads((built / "builds.json").read_text())
+        build_s = {key: record["seconds"]["/".join(map(str, key))] for key in jobs}
+        same = {name: abs(record["fingerprint"][name] - prints[name]) <= 1e-6 * prints[name] for name in prints}
+        print(f"# builds from {built} ({record['host']}); weights as built: {same}", flush=True)
+    else:
+        built.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = {key: pool.submit(qcompile, *job) for key, job in jobs.items()}
+            build_s = {key: f.result() for key, f in futures.items()}
+        print(f"# {len(jobs)} builds, {args.jobs} side by side: {sum(build_s.values()):.0f} s of compile in all", flush=True)
+        same = {name: True for name in prints}
+    if args.build_only is not None:
+        import platform
+        (built / "builds.json").write_text(json.dumps({
+            "host": f"{platform.node()} {platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}",
+            "fingerprint": prints, "seconds": {"/".join(map(str, k)): v for k, v in build_s.items()}}, indent=1))
+        print(f"# built into {built}; time them on a GPU host: python bench/bench_cuda.py --prebuilt {built} "
+              f"--models {args.models} --batches {args.batches} --dtypes {args.dtypes}"
+              + (" --no-conv" if args.no_conv else "") + (" --cuda-graph" if args.cuda_graph else ""))
+        return 0
 
     # 2. timings, one engine at a time
     rows = []
@@ -233,7 +314,9 @@ def main(argv=None) -> int:
             row[f"compile {lab} s"] = build_s[(name, batch, lab)]
             if args.profile and not graph:
                 print(f"  profile {name} b{batch} {lab}: {profile_artifact(out, x)}", flush=True)
-            if dt == "int8":
+            if not same[name]:
+                pass                    # built from other random weights: no agreement to report
+            elif dt == "int8":
                 row[f"{lab} top-1 agree"] = float(np.mean(y.argmax(1) == ref.argmax(1)))
             else:
                 row[f"{lab} err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
