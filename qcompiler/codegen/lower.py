@@ -33,10 +33,10 @@ by dlight's ``MatmulTensorization`` where I, J, K > 64 (dlight's threshold) -- t
 stage keeps the float16 storage (kernels/conv.py ``_StoredF16``) so the reduction reads
 ``f32(A_f16) * f32(B_f16)``; int8 by :mod:`.schedules.cuda_wmma` (dlight's int8 rule with K tiled
 4x16 -- dlight's own does not build in TVM 0.27 -- and 64-row block tiles) where I >= 32,
-J >= 64, K >= 64, over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
+J >= 64, K >= 64 (K >= 256 where J = 64), over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
 ``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128).
-ResNet-18 (224x224) on tensor cores: int8 all 20 convs at batch 1 (9 with dlight's threshold:
-layer 1's J = 64 and layer 4's I = 49 missed it); fp16 7 / 11 of 15 at batch 1 / 8. On an H100
+ResNet-18 (224x224) on tensor cores: int8 19 of 20 convs at batch 1, all but the 7x7 stem (9
+with dlight's threshold: layer 1's J = 64 and layer 4's I = 49 missed it); fp16 7 / 11 of 15 at batch 1 / 8. On an H100
 the sm_90 int8 artifacts of ResNet-18 and MobileNetV2 (batch 1, 2026-11-24), of single convs
 and depthwise convs, and of fashion_mobilenet (2026-11-23, before the direct schedule) are
 bit-exact with qcompiler.quant.reference;

@@ -291,6 +291,18 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
 
 
+def test_which_gemms_take_tensor_cores():
+    """ResNet-18's implicit GEMMs (S, I, J, K): every 3x3 conv and downsample at batch 1 and 64, not
+    the 7x7 stem (J = 64, K = 147: slower on WMMA than on dlight's SIMT rule), not the batch-1 fc
+    (I = 1), not a 32-channel conv."""
+    from qcompiler.codegen.schedules.cuda_wmma import tensor_core_sized
+    yes = [(1, 49, 512, 4608), (1, 3136, 64, 576), (1, 784, 128, 64), (1, 196, 256, 2304), (1, 200704, 64, 576),
+           (1, 3136, 512, 4608), (1, 64, 1000, 512)]
+    no = [(1, 12544, 64, 147), (1, 802816, 64, 147), (1, 1, 1000, 512), (1, 784, 32, 288), (1, 16, 512, 4608)]
+    assert [tensor_core_sized(e) for e in yes] == [True] * len(yes)
+    assert [tensor_core_sized(e) for e in no] == [False] * len(no)
+
+
 def test_wmma_block_tile_pads_j_least():
     """64 rows; 128 columns unless 64 pads J less (J = 64, 160, 192 ...); 128 on a tie (J = 96)."""
     from qcompiler.codegen.schedules.cuda_wmma import TILES, block_tile

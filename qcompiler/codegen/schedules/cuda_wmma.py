@@ -16,7 +16,8 @@ into the fetch, WMMA fragment loads/mma_sync/stores, the requantization epilogue
 the accumulator's store.
 
 :func:`schedule_int8` applies it to a PrimFunc under the conditions of :func:`applicable` (CUDA
-sm_70+, static I >= 32, J >= 64, K >= 64, the reduction reading int8 and writing int32); the lowering (:mod:`..lower`) marks the result scheduled, so dlight's default
+sm_70+, static I >= 32, J >= 64, K >= 64 -- 256 where J <= 64 --, the reduction reading int8 and
+writing int32); the lowering (:mod:`..lower`) marks the result scheduled, so dlight's default
 rules leave it alone, and everything else still goes to dlight.
 """
 from __future__ import annotations
@@ -175,19 +176,27 @@ class MatmulInt8WMMA(GPUScheduleRule):
         return sch
 
 
+def tensor_core_sized(ext: tuple[int, ...]) -> bool:
+    """The GEMM extents (S, I, J, K) worth WMMA tiles: I >= 32, J >= 64, K >= 64, and K >= 256
+    where J <= 64 (the tile pads I to 64, J to 64/128 and K to 64). dlight's own threshold, every
+    extent > 64, left ResNet-18's layer-1 convs (J = 64, K = 576) and its layer-4 convs at batch 1
+    (I = 49) on the SIMT rule, 1.5x and 2.3x slower there; its 7x7 stem (J = 64, K = 3*7*7 = 147)
+    stays there: on 64x64 WMMA tiles it took 0.865 ms at batch 64 against 0.646 on the SIMT rule
+    (0.031 / 0.022 at batch 1; H100, 2026-11-24): its K pads to 192, and the tile's im2col gather
+    reads three input channels over a 7x7 window."""
+    _, i, j, k = ext
+    return i >= 32 and j >= 64 and k >= (256 if j <= 64 else 64)
+
+
 def applicable(func: tirx.PrimFunc, target: Target) -> bool:
-    """CUDA sm_70+ and an s8 -> s32 implicit GEMM with static I >= 32, J >= 64, K >= 64 (the tile
-    pads I to 64, J to 64/128 and K to 64; dlight's own threshold, every extent > 64, left
-    ResNet-18's layer-1 convs (J = 64) and its layer-4 convs at batch 1 (I = 49) on the SIMT rule,
-    2.3x slower there)."""
+    """CUDA sm_70+ and an s8 -> s32 implicit GEMM of static extents that :func:`tensor_core_sized`."""
     if target.kind.name != "cuda" or check_sm_version(str(target.attrs.get("arch", ""))) < 70:
         return False
     info = gemm_extents(func)
     if info is None:
         return False
     ext, din, dout = info
-    _, i, j, k = ext
-    return din == "int8" and dout == "int32" and i >= 32 and j >= 64 and k >= 64
+    return din == "int8" and dout == "int32" and tensor_core_sized(ext)
 
 
 def schedule_int8(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
