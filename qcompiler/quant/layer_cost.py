@@ -79,9 +79,9 @@ ANALYTIC = {
     # arm (assumed, cortex-a76 class, 128-bit NEON; the plain int8 loops ~1.5x fp32; the sdot kernels of a
     # +dotprod build are faster still -- llvm-mca 0.55 cycles per sdot in the conv loop -- not timed on a board)
     "arm": Analytic({"int8": 30e6, "fp32": 20e6, "fp16": 20e6}, 5e6, 0.004),
-    # cuda: H100, ResNet-18 at batch 64 (README "CUDA on an H100"): int8 on WMMA 116.5 GMAC in 4.71 ms
+    # cuda: H100, ResNet-18 at batch 64 (README "CUDA on an H100"): int8 on WMMA 116.5 GMAC in 4.34 ms
     # (2026-11-24, 64-row tiles; 4.97 before), fp16 17.7 ms; fp32 (not timed) taken as fp16's SIMT figure, 25.8 ms
-    "cuda": Analytic({"int8": 24.7e9, "fp32": 4.5e9, "fp16": 6.6e9}, 2e9, 0.005),
+    "cuda": Analytic({"int8": 26.8e9, "fp32": 4.5e9, "fp16": 6.6e9}, 2e9, 0.005),
 }
 BYTES = {"int8": 1, "fp32": 4, "fp16": 2}
 
