@@ -241,11 +241,11 @@ class KernelCtx:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, spec: TargetSpec):
+    def __init__(self, graph: Graph, spec: TargetSpec, gpu_schedules: bool = True):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
         self.cuda_target = tvm.target.Target(spec.tvm) if spec.family == "cuda" else None
-        self.gpu_schedules = True
+        self.gpu_schedules = gpu_schedules
         self.fdtype = ("bfloat16" if spec.dtype == "bf16" else
                        "float16" if "fp16" in (spec.dtype, spec.float_dtype) else "float32")
         self.stored: dict[Value, Stored] = {}
@@ -394,7 +394,8 @@ class _Lowering:
             scheduled = ksparse.schedule(func, self.spec.family, self.vw, **params)
         elif self.spec.family == "cuda":
             # int8 implicit GEMMs on tensor cores (dlight's own int8 rule does not build in TVM 0.27:
-            # schedules/cuda_wmma.py); everything else left to the CUDA pipeline's dlight rules
+            # schedules/cuda_wmma.py), small-window reductions one thread per output
+            # (schedules/cuda_direct.py); everything else left to the CUDA pipeline's dlight rules
             scheduled = func if not self.gpu_schedules else (
                 cuda_wmma.schedule_int8(func, self.cuda_target) or cuda_direct.schedule(func, self.cuda_target) or func)
         else:
@@ -555,8 +556,7 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
                             f"quantized graph), not {spec.dtype}")
     if spec.dtype == "bf16" and spec.family != "cuda":
         raise LoweringError("--dtype bf16 is lowered for --target cuda only")
-    low = _Lowering(graph, spec)
-    low.gpu_schedules = gpu_schedules
+    low = _Lowering(graph, spec, gpu_schedules)
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)

@@ -48,12 +48,6 @@ def schedule(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
     if target.kind.name != "cuda" or not isinstance(func, tirx.PrimFunc):
         return None
     try:
-        gemm = gemm_extents(func)
-    except Exception:  # noqa: BLE001 - dlight's analysis raises on what is no GEMM
-        gemm = None
-    if gemm is not None:            # a GEMM (1x1 conv, gemm, grouped conv): dlight's Matmul / our WMMA rule
-        return None
-    try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
         red = get_reduction_blocks(sch, blocks)
@@ -63,6 +57,15 @@ def schedule(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
         taps = _reduce_extent(sch.get(main))
         if taps is None or taps > MAX_TAPS:
             return None
+    except Exception:  # noqa: BLE001 - not a single reduction dlight can read
+        return None
+    try:
+        gemm = gemm_extents(func)     # asked only of small reductions: the GEMM analysis reindexes a copy
+    except Exception:  # noqa: BLE001 - dlight's analysis raises on what is no GEMM
+        gemm = None
+    if gemm is not None:            # a GEMM (1x1 conv, gemm, grouped conv): dlight's Matmul / our WMMA rule
+        return None
+    try:
         writers = [b for b in blocks if not sch.get_consumers(b)]       # the blocks writing the output
         if len(writers) != 1:
             return None
@@ -76,7 +79,7 @@ def schedule(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
                 sch.compute_inline(b)
             except Exception:  # noqa: BLE001 - not inlinable as a producer: try as a consumer
                 sch.reverse_compute_inline(b)
-        if not sch.get(last).same_as(sch.get(main)):
+        if not last.same_as(main):
             loops = sch.get_loops(last)
             bx, tx = sch.split(sch.fuse(*loops), factors=[None, THREADS])
             sch.bind(bx, "blockIdx.x")

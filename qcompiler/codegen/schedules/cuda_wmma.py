@@ -15,7 +15,7 @@ A/B staged through dynamic shared memory with the producers (our padding/shift s
 into the fetch, WMMA fragment loads/mma_sync/stores, the requantization epilogue inlined after
 the accumulator's store.
 
-:func:`schedule_int8` applies it to a PrimFunc under the conditions of :func:`applicable` (CUDA
+:func:`schedule_int8` applies it to a PrimFunc under the conditions of :func:`wmma_extents` (CUDA
 sm_70+, static I >= 32, J >= 64, K >= 64 -- 256 where J <= 64 --, the reduction reading int8 and
 writing int32); the lowering (:mod:`..lower`) marks the result scheduled, so dlight's default
 rules leave it alone, and everything else still goes to dlight.
@@ -31,7 +31,7 @@ from tvm.target import Target
 
 # (warps along I, 16x16 fragments per warp along I, warps along J, fragments per warp along J):
 # the block tile is 16*wi*fi x 16*wj*fj; dlight's int8 rule uses (4, 2, 4, 2) = 128 x 128, 16 warps
-TILES = {"128x128": (4, 2, 4, 2), "64x128": (2, 2, 4, 2), "128x64": (4, 2, 2, 2), "64x64": (2, 2, 2, 2)}
+TILES = {"64x128": (2, 2, 4, 2), "64x64": (2, 2, 2, 2)}
 
 
 def block_tile(ext: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -188,23 +188,25 @@ def tensor_core_sized(ext: tuple[int, ...]) -> bool:
     return i >= 32 and j >= 64 and k >= (256 if j <= 64 else 64)
 
 
-def applicable(func: tirx.PrimFunc, target: Target) -> bool:
-    """CUDA sm_70+ and an s8 -> s32 implicit GEMM of static extents that :func:`tensor_core_sized`."""
+def wmma_extents(func: tirx.PrimFunc, target: Target) -> tuple[int, ...] | None:
+    """The GEMM extents (S, I, J, K) of ``func`` when it takes the int8 WMMA rule -- CUDA sm_70+, an
+    s8 -> s32 implicit GEMM of static extents that :func:`tensor_core_sized` -- else None."""
     if target.kind.name != "cuda" or check_sm_version(str(target.attrs.get("arch", ""))) < 70:
-        return False
+        return None
     info = gemm_extents(func)
     if info is None:
-        return False
+        return None
     ext, din, dout = info
-    return din == "int8" and dout == "int32" and tensor_core_sized(ext)
+    return ext if din == "int8" and dout == "int32" and tensor_core_sized(ext) else None
 
 
 def schedule_int8(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
     """``func`` scheduled on int8 WMMA tensor cores, or None (then dlight's rules take it)."""
     try:
-        if not applicable(func, target):
+        ext = wmma_extents(func, target)
+        if ext is None:
             return None
-        sch = MatmulInt8WMMA(block_tile(gemm_extents(func)[0])).apply(func, target, False)
+        sch = MatmulInt8WMMA(block_tile(ext)).apply(func, target, False)
     except Exception:  # noqa: BLE001 - dlight's analysis raises on shapes it cannot read: not a GEMM
         return None
     return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
