@@ -91,18 +91,24 @@ WARM_S = 1.0     # warm-up of at least this long before timing: the H100 idles a
                  # ResNet-18 at batch 64 ranged 1.27-2.79 ms over three runs on 2026-11-24)
 
 
+def warm_up(call, sync, warmup: int) -> None:
+    """``call()`` at least ``warmup`` times and for at least :data:`WARM_S` seconds, ``sync()``
+    every 10 calls (so the queue stays short) and at the end."""
+    t0, n = time.perf_counter(), 0
+    while n < warmup or time.perf_counter() - t0 < WARM_S:
+        call()
+        n += 1
+        if n % 10 == 0:
+            sync()
+    sync()
+
+
 def time_torch(fn, x, warmup: int, iters: int, repeats: int = 5) -> float:
     """ms per call: the median of ``repeats`` CUDA-event timings of ``iters`` calls each, after
-    ``warmup`` calls and at least :data:`WARM_S` seconds of calls."""
+    :func:`warm_up`."""
     import torch
     with torch.inference_mode():
-        t0, n = time.perf_counter(), 0
-        while n < warmup or time.perf_counter() - t0 < WARM_S:
-            fn(x)
-            n += 1
-            if n % 10 == 0:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
+        warm_up(lambda: fn(x), torch.cuda.synchronize, warmup)
         times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -136,21 +142,15 @@ def fingerprint(model) -> float:
 
 
 def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int, repeats: int = 5) -> tuple[float, np.ndarray]:
-    """(ms per call: the median of ``repeats`` time_evaluator rounds of ``iters`` calls, after a
-    warm-up as in :func:`time_torch`; the output for ``x``)."""
+    """(ms per call: the median of ``repeats`` time_evaluator rounds of ``iters`` calls, after
+    :func:`warm_up`; the output for ``x``)."""
     import tvm
     from qcompiler.runtime import load
     model = load(out)
     y = model(x)[0]
     arg = tvm.runtime.tensor(x, model.device)
     f = model._vm.time_evaluator("main", model.device, number=iters, repeat=repeats)
-    t0, n = time.perf_counter(), 0
-    while n < warmup or time.perf_counter() - t0 < WARM_S:
-        model._vm["main"](arg)
-        n += 1
-        if n % 10 == 0:
-            model.device.sync()
-    model.device.sync()
+    warm_up(lambda: model._vm["main"](arg), model.device.sync, warmup)
     return float(np.median(f(arg).results)) * 1e3, y
 
 
@@ -187,6 +187,12 @@ def profile_artifact(out: Path, x: np.ndarray, top: int = 8, reps: int = 20) -> 
     return f"{kernels} kernel calls, sum {total:.3f} ms; by kind: {by_kind}; top: {head}"
 
 
+def conv_macs(n: int, c: int, k: int, hw: int, r: int, stride: int) -> float:
+    """Multiply-accumulates of an r x r conv (padding r // 2) of n x c x hw x hw to k channels."""
+    oh = (hw + 2 * (r // 2) - r) // stride + 1
+    return float(n * k * oh * oh * c * r * r)
+
+
 def conv_onnx(path: Path, n: int, c: int, k: int, hw: int, r: int, stride: int) -> float:
     """One conv + ReLU as ONNX (random weights); returns its multiply-accumulates."""
     import onnx
@@ -202,7 +208,7 @@ def conv_onnx(path: Path, n: int, c: int, k: int, hw: int, r: int, stride: int) 
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, k, oh, oh])], [w, b])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return float(n * k * oh * oh * c * r * r)
+    return conv_macs(n, c, k, hw, r, stride)
 
 
 def main(argv=None) -> int:
@@ -261,8 +267,7 @@ def main(argv=None) -> int:
         for lab, (c, k, hw, r, st) in {"conv1 7x7/2 3->64 @224": (3, 64, 224, 7, 2),
                                        "layer4 3x3 512->512 @7": (512, 512, 7, 3, 1)}.items():
             path = work / f"conv_{c}_{k}_{hw}.onnx"
-            oh = (hw + 2 * (r // 2) - r) // st + 1
-            macs = float(64 * k * oh * oh * c * r * r)
+            macs = conv_macs(64, c, k, hw, r, st)
             calib = work / f"calib_conv_{c}_{hw}.npz"
             if args.prebuilt is None:
                 conv_onnx(path, 64, c, k, hw, r, st)
