@@ -240,26 +240,30 @@ def test_cuda_int8_lowering_bit_exact_on_cpu():
     assert np.mean(agree) >= 0.85                 # measured 0.958 (46 of 48)
 
 
-def _one_conv_int8(c: int = 128, hw: int = 28):
-    """A ResNet-18 layer-2 conv (1 x c x hw x hw -> c, 3x3, pad 1) + ReLU, quantized."""
+def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: int = 1, quantize: bool = True):
+    """A ResNet-18 layer-2 conv (n x c x hw x hw -> c, 3x3, pad 1; ``group`` = c: depthwise) + ReLU,
+    quantized unless ``quantize`` is False."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from qcompiler.frontend import import_onnx
     from qcompiler.passes import PassContext, PassManager, run_passes
     from qcompiler.passes.quantize import QuantizeOptions
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((c, c, 3, 3)) * np.sqrt(2.0 / (9 * c))).astype(np.float32)
+    w = (rng.standard_normal((c, c // group, 3, 3)) * np.sqrt(2.0 / (9 * c // group))).astype(np.float32)
+    oh = (hw - 1) // stride + 1
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4),
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, strides=[stride] * 2,
+                          group=group),
          helper.make_node("Relu", ["y"], ["z"])], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c, hw, hw])], [numpy_helper.from_array(w, "w")])
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, c, oh, oh])], [numpy_helper.from_array(w, "w")])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
     run_passes(g)
-    calib = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    if quantize:
+        calib = [{"x": rng.standard_normal((n, c, hw, hw)).astype(np.float32)}]
+        PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
     return g
 
 
@@ -287,7 +291,7 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
         script = kernel.script()
         assert "tvm_mma_sync" in script
         assert (_launch(script, "threadIdx.y"), _launch(script, "blockIdx.x")) == (warps, blocks)
-    small = lower(_one_conv_int8(c=32), spec)
+    small = lower(_one_conv(c=32), spec)
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
 
 
@@ -317,26 +321,8 @@ def test_depthwise_conv_is_one_thread_per_output(dtype):
     GeneralReduction: the output's n*c*oh*ow = 2*24*14*14 = 9408 elements over 37 blocks of 256
     threads, the 9 taps unrolled into a register accumulator, the padding stage inlined (no other
     buffer than the accumulator)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
     from qcompiler.codegen.lower import lower
-    from qcompiler.frontend import import_onnx
-    from qcompiler.passes import PassContext, PassManager, run_passes
-    from qcompiler.passes.quantize import QuantizeOptions
-    rng = np.random.default_rng(0)
-    w = (rng.standard_normal((24, 1, 3, 3)) * 0.3).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2], group=24),
-         helper.make_node("Relu", ["y"], ["z"])], "dw",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 24, 28, 28])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 24, 14, 14])], [numpy_helper.from_array(w, "w")])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    g = import_onnx(m)
-    run_passes(g)
-    if dtype == "int8":
-        calib = [{"x": rng.standard_normal((2, 24, 28, 28)).astype(np.float32)}]
-        PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    g = _one_conv(c=24, hw=28, n=2, group=24, stride=2, quantize=dtype == "int8")
     mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
     (conv,) = [mod[gv] for gv in mod.functions if "conv" in gv.name_hint]
     script = conv.script()
@@ -349,7 +335,7 @@ def test_depthwise_conv_is_one_thread_per_output(dtype):
 
 def wmma_conv_kernel(spec, c: int = 128, hw: int = 28):
     from qcompiler.codegen.lower import lower
-    mod = lower(_one_conv_int8(c, hw), spec)
+    mod = lower(_one_conv(c, hw), spec)
     (conv,) = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint]
     assert conv.attrs["tirx.is_scheduled"]
     return conv

@@ -167,9 +167,9 @@ def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
     signed-char fragments with an int accumulator, and on the GPU its result equals the oracle. One
     build: the artifact's, whose CUDA source is kept on the way (the library holds only the fatbin)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_cuda_build import _one_conv_int8, wmma_artifact
+    from test_cuda_build import _one_conv, wmma_artifact
     from qcompiler.quant import reference
-    g = _one_conv_int8()
+    g = _one_conv()
     out, src = wmma_artifact(g, tmp_path / "OUT")
     assert src.count("wmma::mma_sync") >= 1, src[:2000]
     assert "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, signed char" in src
