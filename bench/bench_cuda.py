@@ -38,7 +38,9 @@ library alone is 259 MB) takes the builds from a GPU-less host:
 (``TVM_USE_RUNTIME_LIB=1``, see ``qcompiler.runtime``). Both rebuild the torch models from
 ``torch.manual_seed(0)``; ``B/builds.json`` records each build's compile time and a fingerprint
 of the weights it was built from, and the agreement columns are printed only where the GPU host's
-torch model has the same fingerprint.
+torch model has the same fingerprint. ``QC_CUDA_INT8_LAYOUT`` in the build's environment picks the
+int8 convs' activation layout (see ``qcompiler.codegen.kernels.quant.cuda_int8_layout``);
+builds.json records it and ``--prebuilt`` prints it.
 """
 from __future__ import annotations
 
@@ -280,7 +282,8 @@ def main(argv=None) -> int:
         record = json.loads((built / "builds.json").read_text())
         build_s = {key: record["seconds"]["/".join(map(str, key))] for key in jobs}
         same = {name: abs(record["fingerprint"][name] - prints[name]) <= 1e-6 * prints[name] for name in prints}
-        print(f"# builds from {built} ({record['host']}); weights as built: {same}", flush=True)
+        print(f"# builds from {built} ({record['host']}; QC_CUDA_INT8_LAYOUT={record.get('int8_layout', 'nchw')}); "
+              f"weights as built: {same}", flush=True)
     else:
         built.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -292,7 +295,7 @@ def main(argv=None) -> int:
         import platform
         (built / "builds.json").write_text(json.dumps({
             "host": f"{platform.node()} {platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}",
-            "fingerprint": prints, "seconds": {"/".join(map(str, k)): v for k, v in build_s.items()}}, indent=1))
+            "int8_layout": os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw"), "fingerprint": prints, "seconds": {"/".join(map(str, k)): v for k, v in build_s.items()}}, indent=1))
         print(f"# built into {built}; time them on a GPU host: python bench/bench_cuda.py --prebuilt {built} "
               f"--models {args.models} --batches {args.batches} --dtypes {args.dtypes}"
               + (" --no-conv" if args.no_conv else "") + (" --cuda-graph" if args.cuda_graph else ""))

@@ -19,7 +19,10 @@ of 4 channels; ``spec.cpu``/``spec.features`` (e.g. cortex-a76, +dotprod,+fullfp
 mcpu/mattr. Every real model lowers and compiles; fashion_mobilenet and rapidocr-cls run under
 qemu-aarch64 within 1e-4·max|ref| of ONNX Runtime (tests/codegen/test_arm_qemu.py).
 
-CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW). Two hand schedules are applied
+CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW), except, opt-in, the int8 convs'
+activations: ``QC_CUDA_INT8_LAYOUT=blocked|blocked-copy`` stores them NCHW16c so the implicit
+GEMM's K = (ci/16, kh, kw, ci%16) loads 16 contiguous bytes per run (kernels/quant.py
+``_cuda_conv_s8s8_blocked``; built and checked on the CPU, not yet timed on a GPU). Two hand schedules are applied
 here at lowering and mark their kernels scheduled: int8 implicit GEMMs on tensor cores
 (:mod:`.schedules.cuda_wmma`, below) and reductions over a small window -- depthwise convs, pooling
 -- one thread per output element (:mod:`.schedules.cuda_direct`; dlight's GeneralReduction spent
@@ -397,7 +400,8 @@ class _Lowering:
             # schedules/cuda_wmma.py), small-window reductions one thread per output
             # (schedules/cuda_direct.py); everything else left to the CUDA pipeline's dlight rules
             scheduled = func if not self.gpu_schedules else (
-                cuda_wmma.schedule_int8(func, self.cuda_target) or cuda_direct.schedule(func, self.cuda_target) or func)
+                cuda_wmma.schedule_int8(func, self.cuda_target, params.get("fetch_vector", 4))
+                or cuda_direct.schedule(func, self.cuda_target) or func)
         else:
             scheduled = sched_x86.apply(func, kind, params, self.vw, self.spec.host_tvm.get("mcpu"))
         name = f"k{len(self.kernels)}_{hint}"

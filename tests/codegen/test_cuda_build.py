@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,21 +213,29 @@ def _fashion_int8(batch: int = 16):
     return g, inp, x, y
 
 
-def test_cuda_int8_lowering_bit_exact_on_cpu():
+@pytest.mark.parametrize("layout", ["nchw", "blocked", "blocked-copy"])
+def test_cuda_int8_lowering_bit_exact_on_cpu(layout, monkeypatch):
     """The int8 kernels lowered for CUDA (group-1 QLinearConv as an s8 x s8 -> s32 implicit GEMM over
     x - 128, the form dlight's/our int8 WMMA rule takes; kernels/quant.py ``_cuda_conv_s8s8``),
     compiled for the host CPU, give exactly the integers of the x86 int8 build and of the numpy
     integer reference on real Fashion-MNIST images. Lowered with ``gpu_schedules=False``: the
     lowering's own GPU schedules (int8 WMMA on sm_70+, depthwise convs) bind threads and compile
-    for CUDA only; the computes are the same (the schedules only reorder, tile, bind and tensorize)."""
+    for CUDA only; the computes are the same (the schedules only reorder, tile, bind and tensorize).
+    Each activation layout of ``QC_CUDA_INT8_LAYOUT``: in the NCHW16c ones, the 11 convs whose input
+    has a multiple of 16 channels reduce over K = (ci/16, kh, kw, ci%16) with a 5-D weight, the
+    padding masked arithmetically ("blocked") or a stage of its own ("blocked-copy")."""
     import tvm
     from tvm import relax
     from qcompiler.codegen.lower import build_module, lower
     from qcompiler.quant import reference
+    monkeypatch.setenv("QC_CUDA_INT8_LAYOUT", layout)
     g, inp, x, y = _fashion_int8()
     mod = lower(g, TargetSpec("cuda", arch=("sm_61",), dtype="int8"), gpu_schedules=False)
-    s8 = [gv.name_hint for gv in mod.functions if isinstance(mod[gv], tvm.tirx.PrimFunc) and "qw_s8" in mod[gv].script()]
-    assert len(s8) >= 10, s8                      # every pointwise/full conv took the s8 x s8 path
+    s8 = [f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and "qw_s8" in f.script()]
+    assert len(s8) >= 10, len(s8)                 # every pointwise/full conv took the s8 x s8 path
+    weight_5d = re.compile(r'qw_s8\d*: T\.Buffer\(\((\d+, ){4}16\), "int8"\)')
+    assert sum(bool(weight_5d.search(f)) for f in s8) == (0 if layout == "nchw" else 11)
+    assert sum('"pad_mat"' in f for f in s8) == (11 if layout == "blocked-copy" else 0)   # uint8 inputs: all
     cuda_cpu = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     x86 = relax.VirtualMachine(build_module(g, TargetSpec("x86", dtype="int8")), tvm.cpu())
     agree = []
@@ -240,23 +249,30 @@ def test_cuda_int8_lowering_bit_exact_on_cpu():
     assert np.mean(agree) >= 0.85                 # measured 0.958 (46 of 48)
 
 
-def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: int = 1, quantize: bool = True):
+def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: int = 1, quantize: bool = True,
+              convs: int = 1):
     """A ResNet-18 layer-2 conv (n x c x hw x hw -> c, 3x3, pad 1; ``group`` = c: depthwise) + ReLU,
-    quantized unless ``quantize`` is False."""
+    quantized unless ``quantize`` is False; ``convs`` > 1: a chain of that many (conv + ReLU), the
+    stride on the last."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from qcompiler.frontend import import_onnx
     from qcompiler.passes import PassContext, PassManager, run_passes
     from qcompiler.passes.quantize import QuantizeOptions
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((c, c // group, 3, 3)) * np.sqrt(2.0 / (9 * c // group))).astype(np.float32)
     oh = (hw - 1) // stride + 1
+    nodes, inits, x = [], [], "x"
+    for i in range(convs):
+        w = (rng.standard_normal((c, c // group, 3, 3)) * np.sqrt(2.0 / (9 * c // group))).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        last = i == convs - 1
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"y{i}"], kernel_shape=[3, 3], pads=[1] * 4,
+                                   strides=[stride if last else 1] * 2, group=group),
+                  helper.make_node("Relu", [f"y{i}"], ["z" if last else f"r{i}"])]
+        x = f"r{i}"
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, strides=[stride] * 2,
-                          group=group),
-         helper.make_node("Relu", ["y"], ["z"])], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, c, oh, oh])], [numpy_helper.from_array(w, "w")])
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, c, oh, oh])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
@@ -293,6 +309,51 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
         assert (_launch(script, "threadIdx.y"), _launch(script, "blockIdx.x")) == (warps, blocks)
     small = lower(_one_conv(c=32), spec)
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
+
+
+def _second_conv_source(c: int, hw: int) -> tuple[str, str]:
+    """(TVMScript, CUDA source) of the second of two int8 3x3 convs (1 x c x hw x hw) for sm_90."""
+    import tvm
+    from qcompiler.codegen.lower import lower
+    mod = lower(_one_conv(c=c, hw=hw, convs=2), TargetSpec("cuda", arch=("sm_90",), dtype="int8"))
+    second = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint][-1]
+    with cuda_aot.device_compile(["sm_90"]), tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}):
+        ex = tvm.compile(tvm.IRModule({"main": second.with_attr("global_symbol", "main")}))   # nvcc compiles it
+    return second.script(), cuda_aot.cuda_sources(ex.mod)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["blocked", "blocked-copy"])
+def test_blocked_int8_conv_fetches_whole_vectors(layout, monkeypatch):
+    """The second of two 64-channel 3x3 int8 convs at ResNet-18's layer-1 size (1x64x56x56: GEMM
+    I x J x K = 3136 x 64 x 576, whole 64x64 tiles) reads the first one's NCHW16c output, K = (ci/16,
+    kh, kw, ci%16): its WMMA kernel loads the activation tile in vectors along the 16 contiguous
+    channels, where the NCHW kernel gathers it byte by byte (one uchar load, with the im2col division
+    and modulo, per element). "blocked": the padding masked arithmetically, 4-byte loads (``uint``),
+    one kernel; "blocked-copy": padding and the uint8 -> int8 shift in a stage of its own (one thread
+    per element, its own launch), then a plain copy in 16-byte vectors (``int4``) of activations and
+    weights. Both on tensor cores; nvcc compiles both (the build's own nvcc step)."""
+    monkeypatch.setenv("QC_CUDA_INT8_LAYOUT", layout)
+    script, src = _second_conv_source(64, 56)
+    assert "tvm_mma_sync" in script and re.search(r'in0: T\.Buffer\(\(1, 4, 56, 56, 16\), "uint8"\)', script)
+    if layout == "blocked":
+        assert re.search(r"uint v_\w* = \*\(uint\*\)\(in0_ptr", src), src[:3000]
+        assert src.count("__global__ void") == 2                    # declaration + definition: one kernel
+    else:
+        assert '"pad_mat"' in script and "T.vectorized(16)" in script
+        assert re.search(r"\*\(int4\*\)\(pad_mat_ptr", src) and re.search(r"\*\(int4\*\)\(qw_s8\d+_ptr", src)
+        assert src.count("__global__ void") == 4                    # the padding stage's kernel and the GEMM's
+    assert "in0_ptr[" not in src.split("main_kernel_1")[-1]        # no per-byte gather in the GEMM
+
+
+def test_16_byte_fetch_only_for_whole_tiles():
+    """pad_einsum's zero fill, vectorized with a 16-byte fetch, is a 16-lane int8 broadcast that
+    TVM 0.27 prints as ``make_int4`` of 16 arguments (nvcc rejects it): GEMMs that need padding keep
+    4-byte loads. ResNet-18 at batch 64 is whole tiles throughout; at batch 1 layers 2-4 are not."""
+    from qcompiler.codegen.schedules.cuda_wmma import _whole_tiles, block_tile
+    for ext, whole in (((1, 3136, 64, 576), True), ((1, 200704, 64, 576), True), ((1, 50176, 128, 1152), True),
+                       ((1, 784, 128, 1152), False), ((1, 49, 512, 4608), False), ((1, 3136, 64, 147), False)):
+        assert _whole_tiles(ext, block_tile(ext)) == whole, ext
 
 
 def test_which_gemms_take_tensor_cores():

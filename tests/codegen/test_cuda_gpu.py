@@ -179,3 +179,21 @@ def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
     got = model(x)[0]
     want = reference.run(g, {g.inputs[0].name: x})[0]
     assert np.array_equal(got, want), f"max diff {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize("layout", ["nchw", "blocked", "blocked-copy"])
+def test_int8_conv_chain_layouts_bit_exact_on_the_gpu(layout, tmp_path, monkeypatch):
+    """Three 64-channel int8 3x3 convs (2x64x56x56, the last with stride 2: GEMM rows 6272, whole
+    64-row tiles, then 1568, padded) in each ``QC_CUDA_INT8_LAYOUT``: the NCHW16c ones read the
+    previous conv's blocked output with 4- or 16-byte vector fetches (the copy layout's padding stage
+    its own launch); the GPU's result equals the integer oracle bit for bit."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_cuda_build import _one_conv
+    from qcompiler.quant import reference
+    monkeypatch.setenv("QC_CUDA_INT8_LAYOUT", layout)
+    g = _one_conv(c=64, hw=56, n=2, convs=3, stride=2)
+    out = write_artifact(g, TargetSpec("cuda", dtype="int8", arch=("sm_90",)), tmp_path / "OUT")
+    x = np.random.default_rng(7).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
+    got = qcompiler.load(out)(x)[0]
+    want = reference.run(g, {g.inputs[0].name: x})[0]
+    assert np.array_equal(got, want), f"max diff {np.abs(got - want).max()}"

@@ -25,6 +25,8 @@ zero-point fold then uses the zero point of the operand as that kernel stores it
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from tvm import te, tirx
 
@@ -39,6 +41,19 @@ from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, d
 
 I32, I64, F32 = "int32", "int64", "float32"
 I16 = "int16"
+CUDA_BLOCK = 16         # int8 channels per block of the CUDA convs' activations in the blocked layouts
+CUDA_INT8_LAYOUTS = ("nchw", "blocked", "blocked-copy")
+
+
+def cuda_int8_layout() -> str:
+    """The activation layout of the CUDA int8 convs, ``QC_CUDA_INT8_LAYOUT`` (an experiment until
+    timed on a GPU; see :func:`_cuda_conv_s8s8_blocked`): "nchw" (the default), "blocked" (NCHW16c,
+    padding inlined into the GEMM's 4-byte fetch) or "blocked-copy" (NCHW16c, padding a stage of
+    its own, the fetch a copy of 16-byte vectors)."""
+    v = os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw")
+    if v not in CUDA_INT8_LAYOUTS:
+        raise ValueError(f"QC_CUDA_INT8_LAYOUT={v!r}: use one of {', '.join(CUDA_INT8_LAYOUTS)}")
+    return v
 
 
 def _mul(x, w):
@@ -283,6 +298,12 @@ def _cuda_conv_s8s8(ctx, a, x, w: np.ndarray, out_shape, zx: int):
     shift = _s8_shift(x.dtype)
     z = zx - shift
     zc = tirx.const(z, "int8")
+    layout = cuda_int8_layout()
+    b = CUDA_BLOCK if layout != "nchw" else 0
+    bo = b if b and k % b == 0 else 0
+    if b and isinstance(x, Buf) and x.block == b and cg % b == 0:
+        return _cuda_conv_s8s8_blocked(ctx, x, w, out_shape, (sh, sw), (dh, dw), (pt, pl, pb, pr), zc, bo,
+                                       copy=layout == "blocked-copy"), z
 
     def padded(i, ci, y, xx):
         v = _as_s8(x.at((i, ci, y - pt, xx - pl)), x.dtype)
@@ -292,11 +313,67 @@ def _cuda_conv_s8s8(ctx, a, x, w: np.ndarray, out_shape, zx: int):
     P = compute((n, c, h + pt + pb, wd + pl + pr), padded, name="pad")
     W = ctx.param(np.ascontiguousarray(w.astype(np.int8)), "qw_s8")
     rc, rh, rw = te.reduce_axis((0, cg), "rc"), te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
-    acc = compute((n, k, oh, ow), lambda i, co, y, xx: te.sum(
-        cast(P[i, rc, y * sh + rh * dh, xx * sw + rw * dw], I32) * cast(W[co, rc, rh, rw], I32),
-        axis=[rc, rh, rw]), name="conv")
-    ctx.schedule("conv2d", reg_n=1, pad=True)       # ignored on CUDA: dlight schedules the function
-    return Buf(acc, out_shape, I32, 0).at, z
+
+    def dot(co, i, y, xx):
+        return te.sum(cast(P[i, rc, y * sh + rh * dh, xx * sw + rw * dw], I32) * cast(W[co, rc, rh, rw], I32),
+                      axis=[rc, rh, rw])
+    ctx.schedule("conv2d", reg_n=1, pad=True, block=bo)   # only the output block matters on CUDA
+    return _conv_acc(dot, n, k, oh, ow, bo), z
+
+
+def _conv_acc(dot, n: int, k: int, oh: int, ow: int, bo: int):
+    """``acc_at`` of the accumulator ``dot(co, i, y, x)`` stored NCHW (``bo`` 0) or NCHW{bo}c."""
+    if bo:
+        acc = compute((n, k // bo, oh, ow, bo), lambda i, kb, y, xx, kc: dot(kb * bo + kc, i, y, xx), name="conv")
+    else:
+        acc = compute((n, k, oh, ow), lambda i, co, y, xx: dot(co, i, y, xx), name="conv")
+    return Buf(acc, (n, k, oh, ow), I32, bo).at
+
+
+def _cuda_conv_s8s8_blocked(ctx, x: Buf, w: np.ndarray, out_shape, stride, dil, pads, zc, bo: int, copy: bool):
+    """:func:`_cuda_conv_s8s8` over an input stored NCHW{b}c: the reduction runs over
+    K = (ci/b, kh, kw, ci%b), so that along K each run of b int8 values is contiguous in memory
+    (one vector load) -- the plain NCHW form gathers K = (ci, kh, kw) byte by byte, with the
+    division and modulo of the im2col index per byte. The weight is re-laid out to match,
+    [co, ci/b, kh, kw, b]; the accumulator is stored NCHW{bo}c (bo: 0 for plain)."""
+    n, c, h, wd = x.shape
+    b = x.block
+    k, cg, r, s = w.shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dil, pads
+
+    padding = bool(pt or pl or pb or pr)
+    # copy: "pad_mat" is a stage of its own where it computes anything (the WMMA schedule launches
+    # it before the GEMM), so that the GEMM's fetch is a plain copy of 16-byte vectors (CUDA codegen
+    # has no 16-lane vectors of int32, nor 16-lane 8-bit broadcasts); else "pad", inlined into the
+    # fetch (4-byte vectors)
+    mat = copy and (padding or x.dtype == "uint8")
+
+    def padded(i, cb, y, xx, ci):
+        if not padding:
+            return _as_s8(x.tensor[i, cb, y, xx, ci], x.dtype)
+        inside = tirx.all(y >= pt, y < pt + h, xx >= pl, xx < pl + wd)
+        if mat:
+            return tirx.if_then_else(inside, _as_s8(x.tensor[i, cb, y - pt, xx - pl, ci], x.dtype), zc)
+        # inlined into the vectorized fetch: a load from the clamped (always valid) position, masked
+        # arithmetically. TVM 0.27's vectorizer scalarizes an if_then_else whose condition it cannot
+        # prove lane-invariant (one byte per load), a Select lets the simplifier drop the clamp under
+        # its condition, and CUDA codegen has no 8-bit vector broadcast of a non-constant
+        yc = tirx.max(tirx.min(y - pt, h - 1), 0)
+        xc = tirx.max(tirx.min(xx - pl, wd - 1), 0)
+        v = cast(_as_s8(x.tensor[i, cb, yc, xc, ci], x.dtype), I32)
+        zi = cast(zc, I32)
+        return cast(zi + (v - zi) * cast(inside, I32), "int8")
+    P = compute((n, c // b, h + pt + pb, wd + pl + pr, b), padded, name="pad_mat" if mat else "pad")
+    wb = w.astype(np.int8).reshape(k, cg // b, b, r, s).transpose(0, 1, 3, 4, 2)
+    W = ctx.param(np.ascontiguousarray(wb), "qw_s8")
+    rcb, rh, rw, rc = (te.reduce_axis((0, cg // b), "rcb"), te.reduce_axis((0, r), "rh"),
+                       te.reduce_axis((0, s), "rw"), te.reduce_axis((0, b), "rc"))
+
+    def dot(co, i, y, xx):
+        return te.sum(cast(P[i, rcb, y * sh + rh * dh, xx * sw + rw * dw, rc], I32) * cast(W[co, rcb, rh, rw, rc], I32),
+                      axis=[rcb, rh, rw, rc])
+    ctx.schedule("conv2d", reg_n=1, pad=True, block=bo, fetch_vector=16 if copy else 4)
+    return _conv_acc(dot, n, k, *out_shape[2:], bo)
 
 
 def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:

@@ -13,7 +13,10 @@ dlight always takes 128x128): the same schedule otherwise -- reindex to
 ``C[S, I, J] += A[S, I, K] * B[S, J, K]``, warps of 2x2 16x16 fragments,
 A/B staged through dynamic shared memory with the producers (our padding/shift stage) inlined
 into the fetch, WMMA fragment loads/mma_sync/stores, the requantization epilogue inlined after
-the accumulator's store.
+the accumulator's store. For ``QC_CUDA_INT8_LAYOUT=blocked-copy``
+(NCHW16c, kernels/quant.py) the global -> shared copies load 16-byte vectors (``fetch_vector``;
+where the GEMM is whole tiles) and a producer stage named ``pad_mat`` (padding and the uint8 ->
+int8 shift) is kept as a kernel of its own instead of being inlined into the fetch.
 
 :func:`schedule_int8` applies it to a PrimFunc under the conditions of :func:`wmma_extents` (CUDA
 sm_70+, static I >= 32, J >= 64, K >= 64 -- 256 where J <= 64 --, the reduction reading int8 and
@@ -66,8 +69,9 @@ def gemm_extents(func: tirx.PrimFunc) -> tuple[tuple[int, ...], str, str] | None
 class MatmulInt8WMMA(GPUScheduleRule):
     """dlight's ``MatmulInt8Tensorization`` with K tiled [None, 4] x 16 (see the module docstring)."""
 
-    def __init__(self, tile: tuple[int, int, int, int] = TILES["64x128"]):
+    def __init__(self, tile: tuple[int, int, int, int] = TILES["64x128"], vector: int = 4):
         self.tile = tile
+        self.vector = vector
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:  # noqa: C901
         from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
@@ -78,7 +82,7 @@ class MatmulInt8WMMA(GPUScheduleRule):
         if reduction_blocks is None:
             return None
         micro = 16
-        warp_size, vector_size = 32, 4
+        warp_size, vector_size = 32, self.vector
         wi, fi, wj, fj = self.tile
         i_factors, j_factors, k_factors = [None, 1, wi, fi], [1, None, wj, fj], [None, 4]
         num_ty = i_factors[2] * j_factors[2]
@@ -134,7 +138,13 @@ class MatmulInt8WMMA(GPUScheduleRule):
             sch.annotate(block_read, "double_buffer_scope", 0)
             return block_read
 
-        auto_inline_producers(sch, fetch_to_shared(0))
+        mat = [b for b in sch.get_child_blocks(get_root_block(sch)) if sch.get(b).name_hint == "pad_mat"]
+        fetch_a = fetch_to_shared(0)
+        if mat:
+            _inline_producers_up_to(sch, fetch_a, "pad_mat")     # the im2col reindex (and pad_einsum's) stages
+            _materialize(sch, mat[0])
+        else:
+            auto_inline_producers(sch, fetch_a)
         auto_inline_producers(sch, fetch_to_shared(1))
 
         a_mat = sch.cache_read(block_outer, 0, "wmma.matrix_a")
@@ -170,10 +180,27 @@ class MatmulInt8WMMA(GPUScheduleRule):
             return None
         auto_inline_consumer_chain(sch, to_global)
         fused = sch.fuse(*sch.get_loops(to_global)[-2:])
-        _, f1, f2 = sch.split(fused, factors=[None, warp_size, vector_size])
+        _, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
         sch.bind(f1, "threadIdx.x")
         sch.vectorize(f2)
         return sch
+
+
+def _inline_producers_up_to(sch: s_tir.Schedule, block, keep: str) -> None:
+    """Inline every producer stage of ``block``, transitively, up to the stage named ``keep``."""
+    for producer in sch.get_producers(block):
+        if sch.get(producer).name_hint != keep:
+            _inline_producers_up_to(sch, producer, keep)
+            sch.compute_inline(producer)
+
+
+def _materialize(sch: s_tir.Schedule, block) -> None:
+    """A producer stage kept as its own kernel: one thread per element, 256 threads a block (not
+    vectorized: TVM 0.27's simplifier fails on the cast of a vectorized lane-invariant condition)."""
+    fused = sch.fuse(*sch.get_loops(block))
+    bx, tx = sch.split(fused, factors=[None, 256])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
 
 
 def tensor_core_sized(ext: tuple[int, ...]) -> bool:
@@ -200,13 +227,27 @@ def wmma_extents(func: tirx.PrimFunc, target: Target) -> tuple[int, ...] | None:
     return ext if din == "int8" and dout == "int32" and tensor_core_sized(ext) else None
 
 
-def schedule_int8(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
-    """``func`` scheduled on int8 WMMA tensor cores, or None (then dlight's rules take it)."""
+def _whole_tiles(ext: tuple[int, ...], tile: tuple[int, int, int, int]) -> bool:
+    """Whether the GEMM extents (S, I, J, K) are whole block tiles (I, J) and K stages of 64: then
+    the schedule pads nothing. TVM 0.27's CUDA codegen prints a 16-lane int8 broadcast (the padding's
+    zero fill, vectorized with the fetch) as ``make_int4`` of 16 arguments, which nvcc rejects."""
+    _, i, j, k = ext
+    wi, fi, wj, fj = tile
+    return i % (16 * wi * fi) == 0 and j % (16 * wj * fj) == 0 and k % 64 == 0
+
+
+def schedule_int8(func: tirx.PrimFunc, target: Target, fetch_vector: int = 4) -> tirx.PrimFunc | None:
+    """``func`` scheduled on int8 WMMA tensor cores, or None (then dlight's rules take it).
+    ``fetch_vector``: int8 lanes per load of the global -> shared copies (16 only where the kernel
+    asks for it, its operands' producers being plain loads, and :func:`_whole_tiles`)."""
     try:
         ext = wmma_extents(func, target)
         if ext is None:
             return None
-        sch = MatmulInt8WMMA(block_tile(ext)).apply(func, target, False)
+        tile = block_tile(ext)
+        if fetch_vector > 4 and not _whole_tiles(ext, tile):
+            fetch_vector = 4      # pad_einsum's zero fill would be a 16-lane int8 broadcast: no CUDA codegen
+        sch = MatmulInt8WMMA(tile, fetch_vector).apply(func, target, False)
     except Exception:  # noqa: BLE001 - dlight's analysis raises on shapes it cannot read: not a GEMM
         return None
     return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
