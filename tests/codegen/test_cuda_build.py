@@ -314,9 +314,7 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
 def _second_conv_source(c: int, hw: int) -> tuple[str, str]:
     """(TVMScript, CUDA source) of the second of two int8 3x3 convs (1 x c x hw x hw) for sm_90."""
     import tvm
-    from qcompiler.codegen.lower import lower
-    mod = lower(_one_conv(c=c, hw=hw, convs=2), TargetSpec("cuda", arch=("sm_90",), dtype="int8"))
-    second = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint][-1]
+    second = wmma_conv_kernel(TargetSpec("cuda", arch=("sm_90",), dtype="int8"), c, hw, convs=2)
     with cuda_aot.device_compile(["sm_90"]), tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}):
         ex = tvm.compile(tvm.IRModule({"main": second.with_attr("global_symbol", "main")}))   # nvcc compiles it
     return second.script(), cuda_aot.cuda_sources(ex.mod)
@@ -394,12 +392,13 @@ def test_depthwise_conv_is_one_thread_per_output(dtype):
     assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
 
 
-def wmma_conv_kernel(spec, c: int = 128, hw: int = 28):
+def wmma_conv_kernel(spec, c: int = 128, hw: int = 28, convs: int = 1):
+    """The scheduled PrimFunc of the last conv of ``_one_conv(c, hw, convs=convs)`` lowered for ``spec``."""
     from qcompiler.codegen.lower import lower
-    mod = lower(_one_conv(c, hw), spec)
-    (conv,) = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint]
-    assert conv.attrs["tirx.is_scheduled"]
-    return conv
+    mod = lower(_one_conv(c, hw, convs=convs), spec)
+    kernels = [mod[gv] for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    assert len(kernels) == convs and kernels[-1].attrs["tirx.is_scheduled"]
+    return kernels[-1]
 
 
 def wmma_artifact(g, out):

@@ -302,8 +302,7 @@ def _cuda_conv_s8s8(ctx, a, x, w: np.ndarray, out_shape, zx: int):
     b = CUDA_BLOCK if layout != "nchw" else 0
     bo = b if b and k % b == 0 else 0
     if b and isinstance(x, Buf) and x.block == b and cg % b == 0:
-        return _cuda_conv_s8s8_blocked(ctx, x, w, out_shape, (sh, sw), (dh, dw), (pt, pl, pb, pr), zc, bo,
-                                       copy=layout == "blocked-copy"), z
+        return _cuda_conv_s8s8_blocked(ctx, a, x, w, out_shape, zc, bo, copy=layout == "blocked-copy"), z
 
     def padded(i, ci, y, xx):
         v = _as_s8(x.at((i, ci, y - pt, xx - pl)), x.dtype)
@@ -330,7 +329,7 @@ def _conv_acc(dot, n: int, k: int, oh: int, ow: int, bo: int):
     return Buf(acc, (n, k, oh, ow), I32, bo).at
 
 
-def _cuda_conv_s8s8_blocked(ctx, x: Buf, w: np.ndarray, out_shape, stride, dil, pads, zc, bo: int, copy: bool):
+def _cuda_conv_s8s8_blocked(ctx, a, x: Buf, w: np.ndarray, out_shape, zc, bo: int, copy: bool):
     """:func:`_cuda_conv_s8s8` over an input stored NCHW{b}c: the reduction runs over
     K = (ci/b, kh, kw, ci%b), so that along K each run of b int8 values is contiguous in memory
     (one vector load) -- the plain NCHW form gathers K = (ci, kh, kw) byte by byte, with the
@@ -339,7 +338,7 @@ def _cuda_conv_s8s8_blocked(ctx, x: Buf, w: np.ndarray, out_shape, stride, dil, 
     n, c, h, wd = x.shape
     b = x.block
     k, cg, r, s = w.shape
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dil, pads
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
 
     padding = bool(pt or pl or pb or pr)
     # copy: "pad_mat" is a stage of its own where it computes anything (the WMMA schedule launches
