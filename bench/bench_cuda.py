@@ -38,9 +38,14 @@ library alone is 259 MB) takes the builds from a GPU-less host:
 (``TVM_USE_RUNTIME_LIB=1``, see ``qcompiler.runtime``). Both rebuild the torch models from
 ``torch.manual_seed(0)``; ``B/builds.json`` records each build's compile time and a fingerprint
 of the weights it was built from, and the agreement columns are printed only where the GPU host's
-torch model has the same fingerprint. ``QC_CUDA_INT8_LAYOUT`` in the build's environment picks the
-int8 convs' activation layout (see ``qcompiler.codegen.kernels.quant.cuda_int8_layout``);
-builds.json records it and ``--prebuilt`` prints it.
+torch model has the same fingerprint.
+
+``--int8-layouts nchw,blocked,blocked-copy`` builds the int8 models once per activation layout of
+the int8 convs (``QC_CUDA_INT8_LAYOUT`` in each build's environment; see
+``qcompiler.codegen.kernels.quant.cuda_int8_layout``) and times them side by side, labelled
+``int8`` (nchw), ``int8+blocked``, ``int8+blocked-copy``; every layout computes the same integers,
+so each row also says whether their outputs are bit-identical. The default is the layout that
+``QC_CUDA_INT8_LAYOUT`` names in the bench's own environment (nchw when unset).
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PEAK = {"int8": 1979e12, "fp16": 989e12}     # H100 SXM5 dense tensor-core peaks (ops/s)
+LAYOUTS = ("nchw", "blocked", "blocked-copy")   # qcompiler.codegen.kernels.quant.cuda_int8_layout's choices
 
 
 def torch_model(name: str):
@@ -123,12 +129,14 @@ def time_torch(fn, x, warmup: int, iters: int, repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: bool = False) -> float:
-    """``qcompile`` in a child process (so builds run side by side); returns its wall time."""
+def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: bool = False,
+             layout: str = "nchw") -> float:
+    """``qcompile`` in a child process (so builds run side by side), its int8 convs in activation
+    ``layout``; returns its wall time."""
     argv = [str(onnx_path), "--target", "cuda", "--arch", "sm_90", "--dtype", dtype, "-o", str(out), "-q"]
     if calib is not None:
         argv += ["--calib", str(calib), "--calib-samples", "64", "--eval-samples", "0"]
-    env = {**os.environ, "QC_CUDA_GRAPH": "1" if graph else "0"}
+    env = {**os.environ, "QC_CUDA_GRAPH": "1" if graph else "0", "QC_CUDA_INT8_LAYOUT": layout}
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "qcompiler.cli", *argv], capture_output=True, text=True, env=env,
                        cwd=ROOT)
@@ -226,11 +234,20 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="print where each qcompiler build spends its time")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also time each build made with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
+    p.add_argument("--int8-layouts", default=os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw"),
+                   help="comma-separated activation layouts of the int8 convs to build and time side by side "
+                        "(nchw, blocked, blocked-copy; default: $QC_CUDA_INT8_LAYOUT or nchw)")
     p.add_argument("--build-only", metavar="DIR", default=None,
                    help="only export and build, into DIR (a GPU-less host; time them later with --prebuilt DIR)")
     p.add_argument("--prebuilt", metavar="DIR", default=None,
                    help="time the artifacts that --build-only DIR made instead of building (a GPU host without TVM's compiler)")
     args = p.parse_args(argv)
+    layouts = [v for v in args.int8_layouts.split(",") if v]
+    bad = [v for v in layouts if v not in LAYOUTS]
+    if bad or not layouts:
+        print(f"bench_cuda: --int8-layouts {args.int8_layouts!r}: each must be one of {', '.join(LAYOUTS)}",
+              file=sys.stderr)
+        return 2
     import torch
     if args.build_only is None and not torch.cuda.is_available():
         print("bench_cuda: no CUDA device (this benchmark runs on a GPU host)", file=sys.stderr)
@@ -240,10 +257,12 @@ def main(argv=None) -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
     work.mkdir(parents=True, exist_ok=True)
     dtypes = [d for d in args.dtypes.split(",") if d]
-    variants = [(d, False) for d in dtypes] + ([(d, True) for d in dtypes] if args.cuda_graph else [])
+    # (dtype, CUDA graph, int8 layout); the layouts multiply the int8 builds only
+    plain = [(d, lay) for d in dtypes for lay in (layouts if d == "int8" else ["nchw"])]
+    variants = [(d, False, lay) for d, lay in plain] + ([(d, True, lay) for d, lay in plain] if args.cuda_graph else [])
 
-    def label(dt, graph):
-        return dt + ("+graph" if graph else "")
+    def label(dt, graph, layout="nchw"):
+        return dt + (f"+{layout}" if layout != "nchw" else "") + ("+graph" if graph else "")
 
     # 1. models, inputs and every build (side by side)
     built = Path(args.build_only or args.prebuilt or work)
@@ -259,9 +278,10 @@ def main(argv=None) -> int:
                 if not calib.exists():
                     np.savez(calib, x=np.random.default_rng(2).standard_normal((64, 3, 224, 224)).astype(np.float32))
             cases.append((name, batch, tm))
-            for dt, graph in variants:
-                jobs[(name, batch, label(dt, graph))] = (onnx_path, built / f"{name}_b{batch}_{label(dt, graph)}", dt,
-                                                         calib if dt == "int8" else None, graph)
+            for dt, graph, lay in variants:
+                lab = label(dt, graph, lay)
+                jobs[(name, batch, lab)] = (onnx_path, built / f"{name}_b{batch}_{lab}", dt,
+                                            calib if dt == "int8" else None, graph, lay)
     convs = {}
     if not args.no_conv:
         # ResNet-18's conv1 (7x7/2, 3->64 at 224: the most MACs, 118 M per image; GEMM J = 64) and its
@@ -277,12 +297,17 @@ def main(argv=None) -> int:
             convs[lab] = (macs, (64, c, hw, hw))
             for dt in ("int8", "fp16"):
                 jobs[("conv", lab, dt)] = (path, built / f"conv_{c}_{k}_{hw}_{dt}", dt,
-                                           calib if dt == "int8" else None, False)
+                                           calib if dt == "int8" else None, False, layouts[0])
     if args.prebuilt is not None:
         record = json.loads((built / "builds.json").read_text())
+        missing = ["/".join(map(str, key)) for key in jobs if "/".join(map(str, key)) not in record["seconds"]]
+        if missing:
+            print(f"bench_cuda: {built} has no build of {', '.join(missing)}; build them with --build-only "
+                  f"and the same --models/--batches/--dtypes/--int8-layouts", file=sys.stderr)
+            return 2
         build_s = {key: record["seconds"]["/".join(map(str, key))] for key in jobs}
         same = {name: abs(record["fingerprint"][name] - prints[name]) <= 1e-6 * prints[name] for name in prints}
-        print(f"# builds from {built} ({record['host']}; QC_CUDA_INT8_LAYOUT={record.get('int8_layout', 'nchw')}); "
+        print(f"# builds from {built} ({record['host']}; int8 layouts {record.get('int8_layouts', ['nchw'])}); "
               f"weights as built: {same}", flush=True)
     else:
         built.mkdir(parents=True, exist_ok=True)
@@ -295,9 +320,9 @@ def main(argv=None) -> int:
         import platform
         (built / "builds.json").write_text(json.dumps({
             "host": f"{platform.node()} {platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}",
-            "int8_layout": os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw"), "fingerprint": prints, "seconds": {"/".join(map(str, k)): v for k, v in build_s.items()}}, indent=1))
+            "int8_layouts": layouts, "fingerprint": prints, "seconds": {"/".join(map(str, k)): v for k, v in build_s.items()}}, indent=1))
         print(f"# built into {built}; time them on a GPU host: python bench/bench_cuda.py --prebuilt {built} "
-              f"--models {args.models} --batches {args.batches} --dtypes {args.dtypes}"
+              f"--models {args.models} --batches {args.batches} --dtypes {args.dtypes} --int8-layouts {','.join(layouts)}"
               + (" --no-conv" if args.no_conv else "") + (" --cuda-graph" if args.cuda_graph else ""))
         return 0
 
@@ -314,10 +339,15 @@ def main(argv=None) -> int:
         tm.float().cpu()
         torch._dynamo.reset()
         row = {"model": name, "batch": batch, "torch eager fp16": eager, "torch.compile fp16": tcomp}
-        for dt, graph in variants:
-            lab = label(dt, graph)
+        first_int8 = {}                 # graph -> the first int8 layout's output
+        for dt, graph, lay in variants:
+            lab = label(dt, graph, lay)
             out = jobs[(name, batch, lab)][1]
             ms, y = time_artifact(out, x, args.warmup, args.iters)
+            if dt == "int8" and len(layouts) > 1:
+                y0 = first_int8.setdefault(graph, y)
+                if y0 is not y:
+                    row[f"{lab} bit-identical to {label(dt, graph, layouts[0])}"] = bool(np.array_equal(y, y0))
             row[f"qcompiler {lab}"] = ms
             row[f"compile {lab} s"] = build_s[(name, batch, lab)]
             if args.profile and not graph:
@@ -330,7 +360,7 @@ def main(argv=None) -> int:
                 row[f"{lab} err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
         rows.append(row)
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-    labels = [label(d, g) for d, g in variants]
+    labels = [label(*v) for v in variants]
     print("\n| model | batch | torch eager fp16 ms | torch.compile fp16 ms | "
           + " | ".join(f"qcompiler {v} ms | {v}/compile" for v in labels) + " |")
     print("|---|---|---|---|" + "---|---|" * len(labels))
