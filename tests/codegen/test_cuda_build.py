@@ -250,29 +250,36 @@ def test_cuda_int8_lowering_bit_exact_on_cpu(layout, monkeypatch):
 
 
 def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: int = 1, quantize: bool = True,
-              convs: int = 1):
+              convs: int = 1, pool: bool = False):
     """A ResNet-18 layer-2 conv (n x c x hw x hw -> c, 3x3, pad 1; ``group`` = c: depthwise) + ReLU,
     quantized unless ``quantize`` is False; ``convs`` > 1: a chain of that many (conv + ReLU), the
-    stride on the last."""
+    stride on the last; ``pool``: a 3x3/2 max pool (pad 1) after the first conv + ReLU, as after
+    ResNet's stem."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from qcompiler.frontend import import_onnx
     from qcompiler.passes import PassContext, PassManager, run_passes
     from qcompiler.passes.quantize import QuantizeOptions
     rng = np.random.default_rng(0)
-    oh = (hw - 1) // stride + 1
+    oh = hw
     nodes, inits, x = [], [], "x"
     for i in range(convs):
         w = (rng.standard_normal((c, c // group, 3, 3)) * np.sqrt(2.0 / (9 * c // group))).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         last = i == convs - 1
+        oh = (oh - 1) // stride + 1 if last else oh
         nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"y{i}"], kernel_shape=[3, 3], pads=[1] * 4,
                                    strides=[stride if last else 1] * 2, group=group),
                   helper.make_node("Relu", [f"y{i}"], ["z" if last else f"r{i}"])]
         x = f"r{i}"
+        if pool and i == 0:
+            nodes.append(helper.make_node("MaxPool", [nodes[-1].output[0]], [f"p{i}"], kernel_shape=[3, 3],
+                                          pads=[1] * 4, strides=[2, 2]))
+            x, oh = f"p{i}", (oh - 1) // 2 + 1
+    out = nodes[-1].output[0]
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, c, oh, oh])], inits)
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [n, c, oh, oh])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
@@ -390,6 +397,27 @@ def test_depthwise_conv_is_one_thread_per_output(dtype):
     assert script.count("T.unroll(3)") == 2
     allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
     assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_max_pool_keeps_its_running_max_in_a_register(dtype):
+    """A 3x3/2 max pool feeding a conv (no epilogue: its reduction block writes the output) is one thread per
+    output like the depthwise conv -- 2*24*14*14 = 9408 outputs over 37 blocks of 256 threads, the
+    window unrolled -- with the running max in a register (the one buffer it allocates, ``local``)
+    and the output written once, not read-modified-written in global memory at each of 9 taps."""
+    from qcompiler.codegen.lower import lower
+    g = _one_conv(c=24, hw=28, n=2, convs=2, pool=True, quantize=dtype == "int8")
+    mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
+    (pool,) = [mod[gv] for gv in mod.functions if "maxpool" in gv.name_hint]
+    script = pool.script()
+    assert pool.attrs["tirx.is_scheduled"]
+    assert (_launch(script, "blockIdx.x"), _launch(script, "threadIdx.x")) == (37, 256)
+    assert script.count("T.unroll(3)") == 2
+    allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
+    assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+    out = pool.params[-1].name                      # the output buffer (TVMScript names it after its param)
+    writes = re.findall(r"^\s*(\w+)\[[^\]]*\] = ", script, re.M)
+    assert writes.count(out) == 1, (out, writes)
 
 
 def wmma_conv_kernel(spec, c: int = 128, hw: int = 28, convs: int = 1):
