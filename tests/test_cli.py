@@ -100,6 +100,17 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, case):
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def test_a_bad_cuda_int8_layout_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """QC_CUDA_INT8_LAYOUT (the CUDA int8 convs' activation layout) names no layout: refused
+    before calibration or any other work, nothing written."""
+    monkeypatch.setenv("QC_CUDA_INT8_LAYOUT", "nhwc")
+    model = cls_model().source
+    code, _, err = run(capsys, model, "--target", "cuda", "--dtype", "int8", "-o", str(tmp_path / "a"), *CLS_SHAPE)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("qcompile: error: environment: QC_CUDA_INT8_LAYOUT is 'nhwc'") and "blocked-copy" in err, err
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_crashing_plugin_is_one_line(tmp_path, capsys):
     plugin = tmp_path / "bad_plugin.py"
     plugin.write_text("raise RuntimeError('oops')\n")

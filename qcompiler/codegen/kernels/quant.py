@@ -30,6 +30,7 @@ import os
 import numpy as np
 from tvm import te, tirx
 
+from ...errors import UserError
 from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType
 from ...quant.qparams import quantize as np_quantize
@@ -50,9 +51,10 @@ def cuda_int8_layout() -> str:
     timed on a GPU; see :func:`_cuda_conv_s8s8_blocked`): "nchw" (the default), "blocked" (NCHW16c,
     padding inlined into the GEMM's 4-byte fetch) or "blocked-copy" (NCHW16c, padding a stage of
     its own, the fetch a copy of 16-byte vectors)."""
-    v = os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw")
+    v = os.environ.get("QC_CUDA_INT8_LAYOUT") or "nchw"
     if v not in CUDA_INT8_LAYOUTS:
-        raise ValueError(f"QC_CUDA_INT8_LAYOUT={v!r}: use one of {', '.join(CUDA_INT8_LAYOUTS)}")
+        raise UserError(f"QC_CUDA_INT8_LAYOUT is {v!r}, not a layout of the CUDA int8 convs",
+                        "environment", f"set it to one of {', '.join(CUDA_INT8_LAYOUTS)}, or unset it")
     return v
 
 
