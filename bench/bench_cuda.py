@@ -18,8 +18,8 @@ script is run on a GPU host, e.g. the project's lent H100). For each model and b
   warm-up and median of 5 rounds);
 * agreement: qcompiler fp16 against torch fp32 (max error / max|ref|) and int8's top-1 agreement
   with torch fp32 over the batch (random weights and inputs: a sanity check, not an accuracy claim;
-  MobileNetV2 with torchvision's initialization and untouched BatchNorm statistics ends in logits
-  of ~1e-9, below float16's smallest subnormal, so its fp16 output is 0 and the error 1).
+  MobileNetV2's BatchNorm statistics are re-estimated on random-normal batches first, see
+  :func:`reestimate_bn`: as initialized it ends in logits of ~1e-9, which float16 flushes to 0).
 
 Then the largest convolution of ResNet-18 (by multiply-accumulates; and the largest one whose
 GEMM sizes allow tensor cores) compiled alone as int8 and fp16 at batch 64, with the achieved
@@ -81,7 +81,34 @@ def torch_model(name: str):
         sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
         import torchvision
     torch.manual_seed(0)
-    return getattr(torchvision.models, name)(weights=None).eval()
+    model = getattr(torchvision.models, name)(weights=None)
+    if name in REESTIMATE_BN:
+        reestimate_bn(model)
+    return model.eval()
+
+
+REESTIMATE_BN = {"mobilenet_v2"}     # models whose untouched BatchNorm statistics leave a degenerate output
+
+
+def reestimate_bn(model, batches: int = 4, batch: int = 16) -> None:
+    """Replace the BatchNorm running statistics (mean 0, variance 1 at initialisation) by those of
+    ``batches`` random-normal batches, as training would have measured them. With torchvision's
+    initialization MobileNetV2's activations shrink layer by layer under the untouched statistics
+    (its logits ~1e-9, below float16's smallest subnormal: the fp16 builds output 0); measured
+    statistics renormalize every layer (logits O(1)), so the fp16 error column means something.
+    ResNet-18's logits are O(1) as initialized (max ~6): its model is left as it was."""
+    import torch
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None                   # a cumulative average over the batches
+    gen = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(batch, 3, 224, 224, generator=gen))
+    for m in bns:
+        m.momentum = 0.1
 
 
 def export_onnx(model, batch: int, path: Path) -> None:
@@ -146,9 +173,9 @@ def qcompile(onnx_path: Path, out: Path, dtype: str, calib: Path | None, graph: 
 
 
 def fingerprint(model) -> float:
-    """The sum of |w| over the torch model's parameters: equal on two hosts when both drew the
-    same random weights."""
-    return float(sum(p.detach().abs().double().sum() for p in model.parameters()))
+    """The sum of |w| over the torch model's parameters and buffers (BatchNorm statistics): equal
+    on two hosts when both drew the same random weights."""
+    return float(sum(t.detach().abs().double().sum() for t in [*model.parameters(), *model.buffers()]))
 
 
 def time_artifact(out: Path, x: np.ndarray, warmup: int, iters: int, repeats: int = 5) -> tuple[float, np.ndarray]:
@@ -234,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="print where each qcompiler build spends its time")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also time each build made with Relax's CUDA-graph capture (relax.backend.use_cuda_graph)")
-    p.add_argument("--int8-layouts", default=os.environ.get("QC_CUDA_INT8_LAYOUT", "nchw"),
+    p.add_argument("--int8-layouts", default=os.environ.get("QC_CUDA_INT8_LAYOUT") or "nchw",
                    help="comma-separated activation layouts of the int8 convs to build and time side by side "
                         "(nchw, blocked, blocked-copy; default: $QC_CUDA_INT8_LAYOUT or nchw)")
     p.add_argument("--build-only", metavar="DIR", default=None,
