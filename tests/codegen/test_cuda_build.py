@@ -387,37 +387,38 @@ def test_depthwise_conv_is_one_thread_per_output(dtype):
     GeneralReduction: the output's n*c*oh*ow = 2*24*14*14 = 9408 elements over 37 blocks of 256
     threads, the 9 taps unrolled into a register accumulator, the padding stage inlined (no other
     buffer than the accumulator)."""
-    from qcompiler.codegen.lower import lower
     g = _one_conv(c=24, hw=28, n=2, group=24, stride=2, quantize=dtype == "int8")
-    mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
-    (conv,) = [mod[gv] for gv in mod.functions if "conv" in gv.name_hint]
-    script = conv.script()
-    assert conv.attrs["tirx.is_scheduled"]
-    assert (_launch(script, "blockIdx.x"), _launch(script, "threadIdx.x")) == (37, 256)
-    assert script.count("T.unroll(3)") == 2
-    allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
-    assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+    _one_thread_per_output(g, dtype, "conv", blocks=37)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 def test_max_pool_keeps_its_running_max_in_a_register(dtype):
-    """A 3x3/2 max pool feeding a conv (no epilogue: its reduction block writes the output) is one thread per
-    output like the depthwise conv -- 2*24*14*14 = 9408 outputs over 37 blocks of 256 threads, the
-    window unrolled -- with the running max in a register (the one buffer it allocates, ``local``)
-    and the output written once, not read-modified-written in global memory at each of 9 taps."""
-    from qcompiler.codegen.lower import lower
+    """A 3x3/2 max pool feeding a conv (no epilogue: its reduction block writes the output) is one
+    thread per output like the depthwise conv -- 2*24*14*14 = 9408 outputs over 37 blocks of 256
+    threads, the window unrolled -- with the running max in a register (the one buffer it
+    allocates, ``local``) and the output written once, not read-modified-written in global memory
+    at each of 9 taps."""
     g = _one_conv(c=24, hw=28, n=2, convs=2, pool=True, quantize=dtype == "int8")
-    mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
-    (pool,) = [mod[gv] for gv in mod.functions if "maxpool" in gv.name_hint]
-    script = pool.script()
-    assert pool.attrs["tirx.is_scheduled"]
-    assert (_launch(script, "blockIdx.x"), _launch(script, "threadIdx.x")) == (37, 256)
-    assert script.count("T.unroll(3)") == 2
-    allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
-    assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+    pool, script = _one_thread_per_output(g, dtype, "maxpool", blocks=37)
     out = pool.params[-1].name                      # the output buffer (TVMScript names it after its param)
     writes = re.findall(r"^\s*(\w+)\[[^\]]*\] = ", script, re.M)
     assert writes.count(out) == 1, (out, writes)
+
+
+def _one_thread_per_output(g, dtype: str, kernel: str, blocks: int):
+    """The one kernel of ``g`` (lowered for sm_90 at ``dtype``) whose name holds ``kernel``, and its
+    TVMScript, after checking it is cuda_direct's: ``blocks`` blocks of 256 threads, a 3x3 window
+    unrolled, a register (``local``) accumulator its only buffer."""
+    from qcompiler.codegen.lower import lower
+    mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))
+    (func,) = [mod[gv] for gv in mod.functions if kernel in gv.name_hint]
+    script = func.script()
+    assert func.attrs["tirx.is_scheduled"]
+    assert (_launch(script, "blockIdx.x"), _launch(script, "threadIdx.x")) == (blocks, 256)
+    assert script.count("T.unroll(3)") == 2
+    allocs = [line for line in script.splitlines() if "alloc_buffer" in line]
+    assert len(allocs) == 1 and 'scope="local"' in allocs[0], allocs
+    return func, script
 
 
 def wmma_conv_kernel(spec, c: int = 128, hw: int = 28, convs: int = 1):
