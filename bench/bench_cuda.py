@@ -371,12 +371,12 @@ def main(argv=None) -> int:
             lab = label(dt, graph, lay)
             out = jobs[(name, batch, lab)][1]
             ms, y = time_artifact(out, x, args.warmup, args.iters)
+            row[f"qcompiler {lab}"] = ms
+            row[f"compile {lab} s"] = build_s[(name, batch, lab)]
             if dt == "int8" and len(layouts) > 1:
                 y0 = first_int8.setdefault(graph, y)
                 if y0 is not y:
                     row[f"{lab} bit-identical to {label(dt, graph, layouts[0])}"] = bool(np.array_equal(y, y0))
-            row[f"qcompiler {lab}"] = ms
-            row[f"compile {lab} s"] = build_s[(name, batch, lab)]
             if args.profile and not graph:
                 print(f"  profile {name} b{batch} {lab}: {profile_artifact(out, x)}", flush=True)
             if not same[name]:
