@@ -135,7 +135,6 @@ def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path, request):
     equal integers give equal floats), and top-1 on 1000 real test images is within 0.5 points of fp32."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import realmodels
-    from test_x86_int8 import _quantized_model
     from qcompiler.quant import reference
     data = realmodels.fashion_test()
     p = Path(realmodels.MODELS_DIR) / "fashion_mobilenet.onnx"
@@ -144,7 +143,7 @@ def test_int8_fashion_is_bit_exact_on_the_gpu(tmp_path, request):
     x, labels = data
     x, labels = x[:1000].astype(np.float32), labels[:1000]
     B = 250
-    g, name, _ = _quantized_model(str(p), x, 200, B)
+    g, name = realmodels.quantize_batched(str(p), x, 200, B)
     out = _artifact(request, tmp_path, g, "int8")
     got = qcompiler.load(out)(x[:B])[0]
     want = reference.run(g, {name: x[:B]})[0]

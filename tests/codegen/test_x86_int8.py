@@ -623,20 +623,6 @@ def conv_bound(storage, w):
 
 
 # ---- end to end -----------------------------------------------------------------------------------
-def _quantized_model(model: str, data, n_calib: int, batch: int):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
-    from test_quantize_real import import_batched
-    from qcompiler.passes import PassContext, PassManager, run_passes
-    from qcompiler.passes.quantize import QuantizeOptions
-    x = data
-    g, name = import_batched(model, (1, *x.shape[1:]), batch)
-    run_passes(g)
-    fg = None
-    calib = [{name: x[s:s + batch]} for s in range(0, n_calib, batch)]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
-    return g, name, fg
-
-
 def test_fashion_mobilenet_int8_end_to_end():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import realmodels
@@ -648,7 +634,7 @@ def test_fashion_mobilenet_int8_end_to_end():
     x = x[:1000].astype(np.float32)
     labels = labels[:1000]
     B = 250
-    g, name, _ = _quantized_model(str(p), x, 200, B)
+    g, name = realmodels.quantize_batched(str(p), x, 200, B)
     ex = build_module(g, SPEC)
     vm = tvm.runtime.vm.VirtualMachine(ex, tvm.cpu())
 
