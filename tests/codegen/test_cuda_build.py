@@ -20,6 +20,9 @@ from qcompiler.codegen import cuda_aot
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_hosts import artifact, cuda_device_present  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 PYPATH = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])   # keep a TVM found on PYTHONPATH
 NVCC = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
@@ -27,18 +30,13 @@ pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found: install the CU
 SOURCE_MARKERS = (b"__global__", b"extern \"C\"", b"#include <cuda")   # (launch tags like "threadIdx.x" are metadata)
 
 
-def _cuda_device_present() -> bool:
-    code = ("import ctypes; l = ctypes.CDLL('libcuda.so.1'); n = ctypes.c_int(0); "
-            "print(int(l.cuInit(0) == 0 and l.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    return r.stdout.strip() == "1"
-
-
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
     from conftest import _relax_build, tiny_graph
-    out = tmp_path_factory.mktemp("cuda") / "OUT"
-    return write_artifact(tiny_graph(), TargetSpec("cuda", arch=("sm_90",)), out, build=_relax_build)
+    g = tiny_graph()
+    return artifact("test_cuda_build.sm90", str(g),
+                    lambda out: write_artifact(g, TargetSpec("cuda", arch=("sm_90",)), out, build=_relax_build),
+                    tmp_path_factory.mktemp("cuda"))
 
 
 def test_sm90_artifact_holds_a_fatbin_not_source(sm90):
@@ -155,8 +153,10 @@ def _real_graph(m):
 def real_sm90(tmp_path_factory):
     """fashion_mobilenet through import, the default passes and the real lowering, for sm_90."""
     m = _real_model()
-    out = tmp_path_factory.mktemp("cuda_real") / "OUT"
-    return write_artifact(_real_graph(m), TargetSpec("cuda", arch=("sm_90",)), out), m
+    g = _real_graph(m)
+    return artifact("test_cuda_build.real_sm90", str(g),
+                    lambda out: write_artifact(g, TargetSpec("cuda", arch=("sm_90",)), out),
+                    tmp_path_factory.mktemp("cuda_real")), m
 
 
 def test_real_model_sm90_artifact_holds_device_code(real_sm90):
@@ -487,7 +487,7 @@ RUN_ON_GPU = """
 
 @pytest.mark.gpu
 def test_runs_on_the_gpu_in_runtime_only_mode(sm90, tmp_path, tiny):
-    if not _cuda_device_present():
+    if not cuda_device_present():
         pytest.skip("no CUDA device on this machine")
     x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -500,7 +500,7 @@ def test_runs_on_the_gpu_in_runtime_only_mode(sm90, tmp_path, tiny):
 
 @pytest.mark.gpu
 def test_real_model_on_the_gpu_matches_onnxruntime(real_sm90, tmp_path, ort_run):
-    if not _cuda_device_present():
+    if not cuda_device_present():
         pytest.skip("no CUDA device on this machine: the on-GPU comparison with ONNX Runtime "
                     "(<= 1e-4 * max|ref|) runs only where one is")
     out, m = real_sm90
