@@ -74,6 +74,8 @@ class MatmulInt8WMMA(GPUScheduleRule):
         self.vector = vector
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:  # noqa: C901
+        from ..tensor_intrin import import_tensor_intrin
+        import_tensor_intrin()
         from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
