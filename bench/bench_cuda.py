@@ -99,6 +99,7 @@ def reestimate_bn(model, batches: int = 4, batch: int = 16) -> None:
     ResNet-18's logits are O(1) as initialized (max ~6): its model is left as it was."""
     import torch
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in bns]
     for m in bns:
         m.reset_running_stats()
         m.momentum = None                   # a cumulative average over the batches
@@ -107,8 +108,8 @@ def reestimate_bn(model, batches: int = 4, batch: int = 16) -> None:
     with torch.no_grad():
         for _ in range(batches):
             model(torch.randn(batch, 3, 224, 224, generator=gen))
-    for m in bns:
-        m.momentum = 0.1
+    for m, momentum in zip(bns, momenta):
+        m.momentum = momentum
 
 
 def export_onnx(model, batch: int, path: Path) -> None:

@@ -21,7 +21,7 @@ import inspect
 import sys
 import threading
 
-_SOURCE_FRAMES = 3          # stack()[0:3]: prim_func, the decorator's line, its enclosing scope
+_SOURCE_FRAMES = 3          # source lines for stack()[1:3]: prim_func's caller and the scope around it
 _lock = threading.Lock()
 
 

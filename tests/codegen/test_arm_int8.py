@@ -20,8 +20,6 @@ Needs: apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,13 +29,8 @@ from qcompiler.codegen import arm
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir.parser import parse_graph
-from qcompiler.passes import PassContext, PassManager, run_passes
-from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference
 from qcompiler.verify import verify
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
-from test_quantize_real import import_batched  # noqa: E402
 
 SPEC = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"), debug_layers=True)
 BATCH, N_CALIB, N_TEST = 50, 250, 500
@@ -62,10 +55,7 @@ def arm_run(request, tmp_path_factory):
     """(name, quantized graph, ARM verify report on 500 test samples, their labels, test inputs)."""
     name = request.param
     path, x, y = _data(name)
-    g, inp = import_batched(str(path), (1, *x.shape[1:]), BATCH)
-    run_passes(g)
-    calib = [{inp: x[s:s + BATCH]} for s in range(0, N_CALIB, BATCH)]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    g, inp = rm.quantize_batched(str(path), x, N_CALIB, BATCH)
     out = write_artifact(g, SPEC, tmp_path_factory.mktemp(name) / "OUT")
     xt, yt = x[N_CALIB:N_CALIB + N_TEST], y[N_CALIB:N_CALIB + N_TEST]
     report = verify(out, xt)

@@ -199,17 +199,12 @@ def test_cuda_lowering_numerics_on_cpu(ort_run):
 def _fashion_int8(batch: int = 16):
     """fashion_mobilenet at batch ``batch``, quantized (default passes, then the quantize pass) on
     256 real Fashion-MNIST test images; returns (graph, input name, images, labels)."""
-    from realmodels import MODELS_DIR, fashion_test, import_batched
-    from qcompiler.passes import PassContext, PassManager, run_passes
-    from qcompiler.passes.quantize import QuantizeOptions
+    from realmodels import MODELS_DIR, fashion_test, quantize_batched
     data = fashion_test()
     if data is None or not (MODELS_DIR / f"{REAL_MODEL}.onnx").exists():
         pytest.skip(f"models/{REAL_MODEL}.onnx or models/fashion_test.npz is not there")
     x, y = data
-    g, inp = import_batched(str(MODELS_DIR / f"{REAL_MODEL}.onnx"), (1, *x.shape[1:]), batch)
-    run_passes(g)
-    calib = [{inp: x[s:s + batch]} for s in range(0, 256, batch)]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    g, inp = quantize_batched(str(MODELS_DIR / f"{REAL_MODEL}.onnx"), x, 256, batch)
     return g, inp, x, y
 
 
