@@ -499,6 +499,9 @@ def _cmd_compile(args, log) -> int:
                         f"is {args.dtype}", "--float-dtype",
                         "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
     spec = _target_spec(args)
+    if spec.family == "cuda":
+        from .codegen.cuda_aot import check_archs
+        check_archs(spec.arch)              # an --arch this nvcc cannot build: refused before any work
     if spec.family == "cuda" and spec.dtype == "int8":
         from .codegen.kernels.quant import cuda_int8_layout
         cuda_int8_layout()                  # a bad QC_CUDA_INT8_LAYOUT: refused before any work

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -108,6 +109,24 @@ def test_a_bad_cuda_int8_layout_is_one_line_and_exit_2(tmp_path, capsys, monkeyp
     code, _, err = run(capsys, model, "--target", "cuda", "--dtype", "int8", "-o", str(tmp_path / "a"), *CLS_SHAPE)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("qcompile: error: environment: QC_CUDA_INT8_LAYOUT is 'nhwc'") and "blocked-copy" in err, err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not shutil.which("nvcc") and not os.path.exists("/usr/local/cuda/bin/nvcc"),
+                    reason="nvcc not found")
+def test_an_arch_nvcc_cannot_build_is_one_line_and_exit_2(tmp_path, capsys):
+    """--arch sm_61 with CUDA 13's nvcc (which builds sm_75 and newer): one line naming what it
+    builds, exit 2, before calibration or any other work (it was an internal error from nvcc at the
+    end of the build)."""
+    from qcompiler.codegen.cuda_aot import nvcc_archs
+    known = nvcc_archs()
+    if known is None or "sm_61" in known:
+        pytest.skip("this nvcc builds sm_61 or does not list its archs")
+    model = cls_model().source
+    code, _, err = run(capsys, model, "--target", "cuda", "--arch", "sm_90,sm_61", "--dtype", "int8",
+                       "-o", str(tmp_path / "a"), *CLS_SHAPE)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("qcompile: error: --arch: nvcc ") and "cannot build sm_61" in err and "sm_90" in err, err
     assert os.listdir(tmp_path) == []
 
 

@@ -114,6 +114,28 @@ def nvcc_version(nvcc: str | None = None) -> str:
     return "unknown"
 
 
+def nvcc_archs(nvcc: str | None = None) -> list[str] | None:
+    """The SMs this nvcc builds (``nvcc --list-gpu-arch``: compute_75 ... for CUDA 13), as sm_NN;
+    None when it does not say (an nvcc before 11.0 has no such flag)."""
+    r = subprocess.run([nvcc or find_nvcc(), "--list-gpu-arch"], capture_output=True, text=True)
+    archs = [f"sm_{line.strip()[len('compute_'):]}" for line in r.stdout.splitlines()
+             if line.strip().startswith("compute_") and line.strip()[len("compute_"):].isdigit()]
+    return archs if r.returncode == 0 and archs else None
+
+
+def check_archs(archs: Sequence[str], nvcc: str | None = None) -> None:
+    """A UserError naming the first of ``archs`` this nvcc cannot build (CUDA 13 dropped sm_50-72:
+    its nvcc failed on ``--arch sm_61`` after calibration, an internal error), before any work."""
+    known = nvcc_archs(nvcc)
+    if known is None:
+        return
+    for a in archs:
+        if a not in known:
+            raise UserError(f"nvcc {nvcc_version(nvcc)} cannot build {a}", "--arch",
+                            f"it builds {', '.join(known)}: pick from those, or install a CUDA toolkit "
+                            f"that still supports {a}")
+
+
 def sm_number(arch: str) -> int:
     return int(arch.split("_")[1])
 
@@ -187,6 +209,7 @@ def device_compile(archs: Sequence[str]) -> Iterator[dict]:
     number of device modules compiled (0 means the build never reached the CUDA codegen)."""
     import tvm_ffi
     nvcc = find_nvcc()
+    check_archs(archs, nvcc)
     os.environ.setdefault("CUDA_PATH", str(Path(nvcc).resolve().parent.parent))
     enable_cuda_codegen()
     info = {"nvcc": nvcc_version(nvcc), "sass": sorted({f"sm_{sm_number(a)}" for a in archs}, key=sm_number),

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -311,6 +312,68 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
         assert (_launch(script, "threadIdx.y"), _launch(script, "blockIdx.x")) == (warps, blocks)
     small = lower(_one_conv(c=32), spec)
     assert not any("tvm_mma_sync" in small[gv].script() for gv in small.functions if "qlinearconv" in gv.name_hint)
+
+
+def _stem(n: int = 1, hw: int = 224):
+    """ResNet-18's stem conv (n x 3 x hw x hw -> 64, 7x7 / 2, pad 3) + ReLU, quantized: its implicit
+    GEMM (I = n*(hw/2)^2, J = 64, K = 147) is one that stays off tensor cores (tensor_core_sized)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from qcompiler.frontend import import_onnx
+    from qcompiler.passes import PassContext, PassManager, run_passes
+    from qcompiler.passes.quantize import QuantizeOptions
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 3, 7, 7)) * 0.1).astype(np.float32)
+    oh = (hw - 1) // 2 + 1
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[7, 7], pads=[3] * 4, strides=[2, 2]),
+         helper.make_node("Relu", ["y"], ["z"])], "stem",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, hw, hw])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, 64, oh, oh])], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
+    run_passes(g)
+    calib = [{"x": rng.standard_normal((n, 3, hw, hw)).astype(np.float32)}]
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    return g
+
+
+def _kernel_ptx(g, kernel: str, arch: str = "sm_90") -> str:
+    """The PTX (``nvcc -ptx`` with the artifact's flags) of the CUDA kernel of ``g`` named ``kernel``:
+    the instructions nvcc chose, which the CUDA source does not show."""
+    from qcompiler.codegen.lower import lower, tvm_compile
+    spec = TargetSpec("cuda", arch=(arch,), dtype="int8")
+    with cuda_aot.device_compile([arch]):
+        ex = tvm_compile(lower(g, spec), spec)
+    src = cuda_aot.cuda_sources(ex.mod)
+    with tempfile.TemporaryDirectory() as d:
+        cu, ptx = Path(d) / "k.cu", Path(d) / "k.ptx"
+        cu.write_text(src)
+        subprocess.run([NVCC, "-ptx", *cuda_aot.NVCC_FLAGS, f"-arch={arch}", "-o", str(ptx), str(cu)],
+                       check=True, capture_output=True)
+        text = ptx.read_text()
+    m = re.search(r"\.entry (\w*" + kernel + r"\w*)\(", text)
+    assert m, f"no kernel {kernel} in the PTX"
+    return text[m.end():text.index("\n}\n", m.end())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["stem", "conv32"])
+def test_simt_int8_gemm_runs_on_dp4a(shape):
+    """The int8 implicit GEMMs that stay off tensor cores -- ResNet-18's 7x7 stem (J = 64, K = 147)
+    and a conv of 32 output channels (J = 32) -- go to dlight's SIMT Matmul rule, whose kernels sum
+    the s8 x s8 products of 16 k at a time into a 4 x 4 register tile per thread (int32, written as
+    scalar multiply-adds); nvcc forms ``dp4a`` (4 int8 products and an int32 add in one instruction,
+    sm_61+) from each run of 4 k: 64 per K stage, the 4 x 4 tile times 16 / 4, and no scalar
+    byte multiply-adds are left (PTX; nvcc 13.0). If a schedule change broke that pattern (say, a k
+    run no longer 4 contiguous bytes in shared memory) the SIMT int8 GEMMs would quietly take 4x the
+    multiply instructions: this fails then. Depthwise convs (schedules/cuda_direct.py, 9 taps of one
+    channel) have no such run and keep scalar multiply-adds."""
+    g = _stem() if shape == "stem" else _one_conv(c=32)
+    ptx = _kernel_ptx(g, "qlinearconv")
+    assert ptx.count("dp4a.s32.s32") == 64, ptx.count("dp4a.s32.s32")
+    assert ptx.count("mad.lo.s32") + ptx.count("mul.lo.s32") < 32      # index arithmetic only
 
 
 def _second_conv_source(c: int, hw: int) -> tuple[str, str]:
