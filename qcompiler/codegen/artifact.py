@@ -161,16 +161,20 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
       rapidocr-det's int8 model.so. A debugger or ``perf --call-graph dwarf`` cannot unwind
       through a kernel frame of such a library."""
     from tvm.support import cc as tvm_cc
+    from . import work_claiming
     cc = export_cc(spec)
     objcopy = _objcopy(spec, cc)
     workspace.mkdir()
+    # the atomics the parallel loops of CPU kernels call (work_claiming.py): linked in, so the
+    # artifact still needs nothing but the TVM runtime
+    extra = [str(work_claiming.object_file(cc, workspace))] if spec.family != "cuda" else []
 
     def fcompile(output, objects, **kwargs):
         for obj in objects:
             if objcopy and str(obj).endswith(".o"):
                 subprocess.run([objcopy, "--remove-section=.eh_frame", "--remove-section=.rela.eh_frame", str(obj)],
                                check=True, capture_output=True)
-        return tvm_cc.create_shared(output, objects, **kwargs)
+        return tvm_cc.create_shared(output, [*objects, *extra], **kwargs)
     kwargs = {"cc": cc} if cc else {}
     strip = [] if os.environ.get("QCOMPILER_KEEP_SYMBOLS") == "1" else ["-Wl,--strip-all"]   # bench_arm.py
     ex.export_library(str(path), fcompile=fcompile, workspace_dir=str(workspace), options=strip, **kwargs)

@@ -582,8 +582,10 @@ def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
         import_tensor_intrin()              # dlight's fp16 tensor-core rule imports it (46 s -> 8 s)
         if os.environ.get("QC_CUDA_GRAPH") == "1":     # experiment (bench_cuda)
             config["relax.backend.use_cuda_graph"] = True
+    from . import work_claiming
+    pipeline = work_claiming.tir_pipeline() if spec.family != "cuda" and work_claiming.ENABLED else "default"
     with tvm.transform.PassContext(opt_level=3, config=config):
-        return tvm.compile(mod, target=tvm.target.Target(spec.tvm))
+        return tvm.compile(mod, target=tvm.target.Target(spec.tvm), tir_pipeline=pipeline)
 
 
 def build_module(graph: Graph, spec: TargetSpec) -> tvm.runtime.Executable:

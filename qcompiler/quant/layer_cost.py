@@ -368,11 +368,15 @@ def _on_board(lib, spec, remote):
     from ..codegen.artifact import export_cc
     if spec.family == "cuda":
         raise ValueError("remote kernel timing covers CPU targets (x86, arm), not cuda")
+    from ..codegen import work_claiming
     cc = export_cc(spec)
     with tempfile.TemporaryDirectory(prefix="qcompiler-kernels-") as tmp:
         path = Path(tmp) / "kernels.so"
-        lib.export_library(str(path), fcompile=tvm_cc.create_shared, workspace_dir=tmp,
-                           **({"cc": cc} if cc else {}))
+        atomics = work_claiming.object_file(cc, Path(tmp))      # the parallel loops' qc_claim & co.
+
+        def fcompile(output, objects, **kwargs):
+            return tvm_cc.create_shared(output, [*objects, str(atomics)], **kwargs)
+        lib.export_library(str(path), fcompile=fcompile, workspace_dir=tmp, **({"cc": cc} if cc else {}))
         name = f"qcompiler-kernels-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.so"
         remote.session.upload(str(path), target=name)
     return remote.session.load_module(name), remote.session.cpu(0)

@@ -1,0 +1,25 @@
+/* The three atomic operations of qcompiler's parallel loops (qcompiler/codegen/work_claiming.py).
+ *
+ * TVM's LLVM CPU codegen has no atomic add, so the loops call these. They are linked into every
+ * CPU model.so (and loaded into the compiling process for in-process builds): the artifact still
+ * needs nothing but the TVM runtime. */
+#include <stdint.h>
+
+/* The next unclaimed chunk of a loop: each value is returned to exactly one caller. */
+int32_t qc_claim(int32_t* next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+
+/* One more chunk of a stage finished; its writes are visible to whoever sees the count. */
+int32_t qc_done(int32_t* count) { return __atomic_add_fetch(count, 1, __ATOMIC_RELEASE); }
+
+/* Wait until ``n`` chunks of a stage are finished (a barrier that a thread arriving late, after
+ * all chunks are done, passes at once). */
+int32_t qc_wait(int32_t* count, int32_t n) {
+    while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < n) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+    return 0;
+}

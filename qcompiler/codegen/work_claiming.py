@@ -1,0 +1,238 @@
+"""Parallel loops whose threads claim their iterations, so that no launch waits for a late worker.
+
+TVM's CPU codegen splits a ``parallel`` loop of n iterations statically: the calling thread runs
+the first ceil(n / T) and each worker of the thread pool its own share, and the call returns when
+the last share is done. A worker that sleeps between kernels (``TVM_THREAD_POOL_SPIN_COUNT=0``, as
+bench/bench_int8.py runs both engines; TVM's default spins for a while) starts its share only once
+it wakes, so every launch costs the wake-up on top of half the work. On the project's 2-vCPU Zen 3
+host (2026-11-27) the idle vCPU halts in the hypervisor: every int8 model ran faster with all its
+kernels serial than with the thread rule's parallel ones (svhnnet 500 against 546-637 us, mnistnet
+65 against 117, rapidocr-cls 877 against 1199-2133), while ONNX Runtime's pool, which lets the
+calling thread go through the loop itself and takes a late worker's help only for what is left,
+gains from its second thread.
+
+This pass (run by :func:`..lower.tvm_compile` on CPU targets after TVM's lowering, before the
+host finalization) gives our loops that behaviour. Every ``parallel`` loop
+
+    for i in parallel(n): body(i)
+
+becomes chunks of ``k = ceil(n / MAX_CHUNKS)`` iterations that the threads claim from a counter in
+the calling thread's stack frame, zeroed before the launch:
+
+    next = 0
+    for t in parallel(MAX_TASKS):                    # every thread of the launch runs at least one t
+        c = qc_claim(&next)                          # atomic fetch-add: each chunk goes to one thread
+        while c < ceil(n / k):
+            for i in [c*k, min(c*k + k, n)): body(i)
+            c = qc_claim(&next)
+
+so the calling thread starts at once and does all the chunks if no worker comes; a worker that
+wakes late claims what is left (or nothing) and the launch ends when both are through. The loop
+ahead of a kernel's main loop inside one launch (:func:`..schedules.x86._one_launch`: a packing
+stage or the Winograd transform, ``pragma_parallel_barrier_when_finish``) counts its finished
+chunks instead of meeting at TVM's barrier (which waits for every thread, the sleeping one too):
+each thread, after claiming none left, waits until the count is complete (``qc_wait``), and a
+worker arriving after that passes at once. Which thread runs which iteration changes, nothing
+else: the iterations of a parallel loop are independent, so the outputs are the same bits.
+
+The three atomics (``qc_claim``, ``qc_done``, ``qc_wait``) are ``work_claiming.c``, since TVM's LLVM
+CPU codegen has no atomic add ("CPU backend does not support atomic add yet"): it is compiled into
+every CPU ``model.so`` (:func:`object_file`, by the artifact's linker) and, for the in-process
+builds of tests, benchmarks and ``--tune``, into a small library loaded with RTLD_GLOBAL where the
+LLVM JIT finds it (:func:`load_in_process`). ``QC_WORK_CLAIMING=0`` at compile time keeps TVM's
+static split (A/B runs).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import tvm
+from tvm import tirx
+
+ENABLED = os.environ.get("QC_WORK_CLAIMING", "1") != "0"
+SOURCE = Path(__file__).with_name("work_claiming.c")
+MAX_TASKS = 64          # threads that can take part in one loop (TVM_NUM_THREADS beyond this: idle)
+MAX_CHUNKS = 64         # chunks of a loop: an atomic claim each (~10 ns), enough for balance
+PIPELINE = "qcompiler-cpu"
+LAUNCH, BARRIER = "pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish"
+_lock = threading.Lock()
+_loaded: list[ctypes.CDLL] = []
+
+
+def _i32(v: int) -> tirx.IntImm:
+    return tirx.IntImm("int32", v)
+
+
+def _counter(name: str) -> tirx.Buffer:
+    return tirx.decl_buffer((1,), "int32", name=name)
+
+
+def _call(fn: str, buf: tirx.Buffer, *args) -> tirx.PrimExpr:
+    return tirx.call_extern("int32", fn, tirx.address_of(tirx.BufferLoad(buf, [_i32(0)])), *args)
+
+
+def _claiming(loop: tirx.For, nxt: tirx.Buffer, done: tirx.Buffer | None) -> tirx.Stmt | None:
+    """``loop`` (parallel, static extent) as chunks claimed from counter ``nxt``; ``done`` counts the
+    finished chunks. None when the extent is not a constant."""
+    if not isinstance(loop.extent, tirx.IntImm) or not isinstance(loop.min, tirx.IntImm):
+        return None
+    n, lo = int(loop.extent), int(loop.min)
+    k = -(-n // MAX_CHUNKS)
+    chunks = -(-n // k)
+    dt = str(loop.extent.ty)
+    cur = _counter("qc_chunk")
+    c = tirx.Var("qc_c", "int32")
+    start = c * _i32(k)
+    extent = tirx.min(_i32(k), _i32(n) - start)
+    body = tirx.For(loop.loop_var, tirx.Cast(dt, start + _i32(lo)) if dt != "int32" else start + _i32(lo),
+                    tirx.Cast(dt, extent) if dt != "int32" else extent, tirx.ForKind.SERIAL, loop.body)
+    claim = tirx.BufferStore(cur, _call("qc_claim", nxt), [_i32(0)])
+    step = [tirx.Bind(c, tirx.BufferLoad(cur, [_i32(0)])), body]
+    if done is not None:
+        step.append(tirx.Evaluate(_call("qc_done", done)))
+    step.append(claim)
+    work = tirx.While(tirx.BufferLoad(cur, [_i32(0)]) < _i32(chunks), tirx.SeqStmt(step))
+    t = tirx.Var("qc_t", "int32")
+    return tirx.For(t, _i32(0), _i32(MAX_TASKS), tirx.ForKind.PARALLEL,
+                    tirx.SeqStmt([tirx.AllocBuffer(cur), claim, work]))
+
+
+def _zeroed(counters: list[tirx.Buffer], stmt: tirx.Stmt) -> tirx.Stmt:
+    """``stmt`` after allocating and zeroing ``counters`` (in the calling thread, before the launch)."""
+    if not counters:
+        return stmt
+    head = []
+    for b in counters:
+        head += [tirx.AllocBuffer(b), tirx.BufferStore(b, _i32(0), [_i32(0)])]
+    return tirx.SeqStmt(head + [stmt])
+
+
+def _transform(s: tirx.Stmt, pre, post) -> tirx.Stmt:
+    """``s`` rebuilt bottom-up: ``pre(node)`` may replace a node whole (its children untouched),
+    ``post(node)`` a node whose children are done; None keeps it. Descends through the statements
+    that hold others (sequences, attributes, loops, conditionals); a loop inside any other kind
+    of statement keeps TVM's static split."""
+    r = pre(s)
+    if r is not None:
+        return r
+    if isinstance(s, tirx.SeqStmt):
+        s = tirx.SeqStmt([_transform(x, pre, post) for x in s.seq])
+    elif isinstance(s, tirx.AttrStmt):
+        s = tirx.AttrStmt(s.node, s.attr_key, s.value, _transform(s.body, pre, post))
+    elif isinstance(s, tirx.For):
+        s = tirx.For(s.loop_var, s.min, s.extent, s.kind, _transform(s.body, pre, post), s.thread_binding,
+                     s.annotations)
+    elif isinstance(s, tirx.IfThenElse):
+        s = tirx.IfThenElse(s.condition, _transform(s.then_case, pre, post),
+                            None if s.else_case is None else _transform(s.else_case, pre, post))
+    elif isinstance(s, tirx.While):
+        s = tirx.While(s.condition, _transform(s.body, pre, post))
+    r = post(s)
+    return s if r is None else r
+
+
+def _launch_region(attr: tirx.AttrStmt) -> tirx.Stmt:
+    """One ``parallel_launch_point`` region: each parallel loop inside claims its chunks, the loop
+    under a barrier also counts them and the threads wait for the count."""
+    counters: list[tirx.Buffer] = []
+
+    def pre(s):
+        if isinstance(s, tirx.AttrStmt) and s.attr_key == BARRIER and isinstance(s.body, tirx.For) \
+                and s.body.kind == tirx.ForKind.PARALLEL:
+            nxt, done = _counter("qc_next"), _counter("qc_done")
+            new = _claiming(s.body, nxt, done)
+            if new is None:
+                return s
+            counters.extend([nxt, done])
+            chunks = -(-int(s.body.extent) // -(-int(s.body.extent) // MAX_CHUNKS))
+            return tirx.SeqStmt([new, tirx.Evaluate(_call("qc_wait", done, _i32(chunks)))])
+        return None
+
+    def post(s):
+        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL and s.loop_var.name != "qc_t":
+            nxt = _counter("qc_next")
+            new = _claiming(s, nxt, None)
+            if new is not None:
+                counters.append(nxt)
+                return new
+        return None
+
+    body = _transform(attr.body, pre, post)
+    return _zeroed(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value, body))
+
+
+def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (lowered for a CPU) with every parallel loop claiming its iterations."""
+    def pre(s):
+        if isinstance(s, tirx.AttrStmt) and s.attr_key == LAUNCH:
+            return _launch_region(s)
+        return None
+
+    def post(s):
+        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL and s.loop_var.name != "qc_t":
+            nxt = _counter("qc_next")
+            new = _claiming(s, nxt, None)
+            return None if new is None else _zeroed([nxt], new)
+        return None
+
+    return func.with_body(_transform(func.body, pre, post))
+
+
+@tvm.transform.module_pass(opt_level=0, name="WorkClaiming")
+def work_claiming(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """:func:`rewrite` every PrimFunc of ``mod``."""
+    out = {}
+    for gv, f in mod.functions.items():
+        out[gv] = rewrite(f) if isinstance(f, tirx.PrimFunc) else f
+    return tvm.IRModule(out, attrs=mod.attrs) if mod.attrs is not None else tvm.IRModule(out)
+
+
+def _pipeline():
+    """TVM's default TIR pipeline, then :func:`work_claiming`."""
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+    pipe, finalize_host, finalize_device = default_s_tir_pipeline()
+    return tvm.transform.Sequential([pipe, work_claiming]), finalize_host, finalize_device
+
+
+def tir_pipeline() -> str:
+    """The name of the TIR pipeline for ``tvm.compile`` on CPU targets (registered on first use)."""
+    from tvm.tirx.compilation_pipeline import PIPELINE_MAP, register_tir_pipeline
+    if PIPELINE not in PIPELINE_MAP:
+        register_tir_pipeline(PIPELINE, _pipeline)
+    load_in_process()
+    return PIPELINE
+
+
+def object_file(cc: str | None, workspace: Path) -> Path:
+    """``work_claiming.c`` compiled for the artifact's linker ``cc`` (None: the host's) into ``workspace``."""
+    out = workspace / "qc_work_claiming.o"
+    subprocess.run([cc or os.environ.get("CC", "gcc"), "-O2", "-fPIC", "-c", str(SOURCE), "-o", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+def load_in_process() -> None:
+    """Load the atomics into this process (RTLD_GLOBAL), where TVM's LLVM JIT resolves the in-process
+    builds' calls; built once per source version into the cache folder."""
+    if _loaded:
+        return
+    with _lock:
+        if _loaded:
+            return
+        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+        cache = Path(os.environ.get("QCOMPILER_CACHE_DIR") or Path.home() / ".cache" / "qcompiler")
+        lib = cache / f"work_claiming-{digest}.so"
+        if not lib.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as d:
+                tmp = Path(d) / lib.name
+                subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", str(SOURCE), "-o", str(tmp)],
+                               check=True, capture_output=True)
+                os.replace(tmp, lib)
+        _loaded.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))

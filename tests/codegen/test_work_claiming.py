@@ -1,0 +1,94 @@
+"""Parallel loops whose threads claim their chunks (qcompiler/codegen/work_claiming.py).
+
+    for i in parallel(n): body(i)
+      ->  next = 0
+          for t in parallel(64):
+              c = qc_claim(&next)
+              while c < ceil(n / k): for i in [c*k, min(c*k + k, n)): body(i); c = qc_claim(&next)
+
+and a stage ahead of a kernel's main loop in one launch counts its finished chunks (qc_done) and
+waits for the count (qc_wait) instead of TVM's barrier. Which thread runs which iteration changes,
+nothing else: the integers stay the oracle's, at any number of threads.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_x86_int8 import ACT, SPEC, add_qconv, check_exact, qin  # noqa: E402
+
+from qcompiler.codegen import work_claiming  # noqa: E402
+from qcompiler.codegen.lower import lower, tvm_compile  # noqa: E402
+from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
+from qcompiler.ir import Graph, TensorType  # noqa: E402
+
+
+def test_a_parallel_loop_becomes_claimed_chunks():
+    """IR in -> IR out: 100 iterations in chunks of 2 (ceil(100 / 64)), 50 chunks, the counter
+    zeroed before the loop, the chunk's iterations a serial loop of the original body."""
+    @T.prim_func
+    def f(A: T.Buffer((100,), "float32"), B: T.Buffer((100,), "float32")):
+        for i in T.parallel(100):
+            B[i] = A[i] * T.float32(2)
+
+    out = work_claiming.rewrite(f).script()
+    assert out.count("T.parallel") == 1 and "for qc_t in T.parallel(64):" in out, out
+    assert "qc_next: T.int32 = 0" in out and out.count('T.call_extern("int32", "qc_claim", T.address_of(qc_next))') == 2
+    assert "while qc_chunk < 50:" in out, out
+    assert "for i in range(qc_c * 2, qc_c * 2 + T.min(2, 100 - qc_c * 2)):" in out, out
+    assert "B[i] = A[i] * T.float32(2.0)" in out, out
+
+
+def _winograd_conv(n: int = 2):
+    """A 32 -> 32 3x3 int8 conv at 16x16: on AVX2 a Winograd conv over tile rows, its weight
+    transform a stage ahead of the main loop in the same launch."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((n, 32, 16, 16), "uint8", ACT["uint8"]))
+    g.outputs = [add_qconv(g, x, 32, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    return g
+
+
+def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch):
+    """Every kernel on the thread pool (PAR_MIN_NS = 0): the conv is still one launch; inside it
+    both loops claim chunks, the stage counts them and every thread waits for the count; TVM's
+    barrier (which waits for every thread, a sleeping worker too) is gone. LLVM IR of the build."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    mod = lower(_winograd_conv(), SPEC)
+    (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
+    ll = "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
+    assert ll.count("call i32 @qc_claim") >= 4, ll.count("call i32 @qc_claim")
+    assert "@qc_done" in ll and "@qc_wait" in ll
+    assert "TVMBackendParallelBarrier" not in ll
+    assert ll.count("load ptr, ptr @__TVMBackendParallelLaunch") == 1        # one launch for both loops
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_any_number_of_threads_gives_the_oracle_integers(monkeypatch, threads):
+    """The same build run with one thread and with two in the pool (``runtime.config_threadpool``;
+    TVM caps the pool at the machine's cores): the calling thread does every chunk, or the two share
+    them as they come; the output is the oracle's either way."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    config = tvm.get_global_func("runtime.config_threadpool")
+    config(1, threads)
+    try:
+        check_exact(_winograd_conv(), {"x": qin(ACT["uint8"], (2, 32, 16, 16))}, f"{threads} threads")
+    finally:
+        config(1, 0)
+
+
+def test_off_keeps_the_static_split(monkeypatch):
+    """QC_WORK_CLAIMING=0 (A/B runs): TVM's pipeline as it is, the barrier back, no qc_ call."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(work_claiming, "ENABLED", False)
+    mod = lower(_winograd_conv(), SPEC)
+    (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
+    ll = "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
+    assert "@qc_claim" not in ll and "TVMBackendParallelBarrier" in ll
