@@ -5,15 +5,21 @@
  * needs nothing but the TVM runtime. */
 #include <stdint.h>
 
+/* Not exported from model.so (the kernels beside them call them); the in-process build for the
+ * compiler's JIT defines QC_API empty, so that the JIT finds them. */
+#ifndef QC_API
+#define QC_API __attribute__((visibility("hidden")))
+#endif
+
 /* The next unclaimed chunk of a loop: each value is returned to exactly one caller. */
-int32_t qc_claim(int32_t* next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+QC_API int32_t qc_claim(int32_t* next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
 
 /* One more chunk of a stage finished; its writes are visible to whoever sees the count. */
-int32_t qc_done(int32_t* count) { return __atomic_add_fetch(count, 1, __ATOMIC_RELEASE); }
+QC_API int32_t qc_done(int32_t* count) { return __atomic_add_fetch(count, 1, __ATOMIC_RELEASE); }
 
 /* Wait until ``n`` chunks of a stage are finished (a barrier that a thread arriving late, after
  * all chunks are done, passes at once). */
-int32_t qc_wait(int32_t* count, int32_t n) {
+QC_API int32_t qc_wait(int32_t* count, int32_t n) {
     while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < n) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();

@@ -212,7 +212,8 @@ def tir_pipeline() -> str:
 def object_file(cc: str | None, workspace: Path) -> Path:
     """``work_claiming.c`` compiled for the artifact's linker ``cc`` (None: the host's) into ``workspace``."""
     out = workspace / "qc_work_claiming.o"
-    subprocess.run([cc or os.environ.get("CC", "gcc"), "-O2", "-fPIC", "-c", str(SOURCE), "-o", str(out)],
+    # -x c: the cross linker is a g++, which would compile a .c file as C++ (mangled names)
+    subprocess.run([cc or os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-fPIC", "-c", str(SOURCE), "-o", str(out)],
                    check=True, capture_output=True)
     return out
 
@@ -232,7 +233,8 @@ def load_in_process() -> None:
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as d:
                 tmp = Path(d) / lib.name
-                subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", str(SOURCE), "-o", str(tmp)],
+                subprocess.run([os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-shared", "-fPIC", "-DQC_API=",
+                                str(SOURCE), "-o", str(tmp)],
                                check=True, capture_output=True)
                 os.replace(tmp, lib)
         _loaded.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))

@@ -22,6 +22,9 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
 loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
 thread pool only where its estimated time pays for the launch (PAR_MIN_NS, SLOW_CORE_SCALE).
+After TVM's lowering the threads claim each parallel loop's iterations in chunks, and the stage
+ahead counts its chunks instead of TVM's barrier (:mod:`..work_claiming`): a launch no longer
+waits for a sleeping worker to start its static share.
 
 Every rule falls back to ``generic`` if a primitive refuses (a shape the rule did not foresee).
 """
@@ -441,7 +444,8 @@ def _one_launch(sch, launch, before):
     whose lambda holds both loops; each parallel loop inside it takes the thread's static share)
     and ``before`` ends with ``TVMBackendParallelBarrier``. No statement may sit between them outside
     a parallel loop: every thread of the launch runs it. A second launch instead wakes the sleeping
-    workers again."""
+    workers again. (After lowering, :mod:`..work_claiming` makes both loops claim chunks and the
+    barrier a count of the stage's finished chunks.)"""
     sch.parallel(before)
     sch.annotate(before, "pragma_parallel_barrier_when_finish", 1)
     sch.annotate(launch, "pragma_parallel_launch_point", 1)
