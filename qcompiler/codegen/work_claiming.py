@@ -16,26 +16,27 @@ host finalization) gives our loops that behaviour. Every ``parallel`` loop
 
     for i in parallel(n): body(i)
 
-becomes chunks of ``k = ceil(n / MAX_CHUNKS)`` iterations that the threads claim from a counter in
-the calling thread's stack frame, zeroed before the launch:
+becomes chunks of ``k = ceil(n / MAX_CHUNKS)`` iterations (rounded up to a divisor of n where one is
+near) that every thread of the launch claims through a control block in the calling thread's stack
+frame (next chunk, k, n, finished chunks), set before the launch:
 
-    next = 0
-    for t in parallel(MAX_TASKS):                    # every thread of the launch runs at least one t
-        c = qc_claim(&next)                          # atomic fetch-add: each chunk goes to one thread
-        while c < ceil(n / k):
-            for i in [c*k, min(c*k + k, n)): body(i)
-            c = qc_claim(&next)
+    ctl = [0, k, n, 0]
+    launch:                                          # every thread of the pool runs this
+        while qc_claim(&ctl, &range):                # atomic fetch-add: each chunk goes to one thread
+            for i in [range[0], range[1]): body(i)
 
 so the calling thread starts at once and does all the chunks if no worker comes; a worker that
 wakes late claims what is left (or nothing) and the launch ends when both are through. The loop
 ahead of a kernel's main loop inside one launch (:func:`..schedules.x86._one_launch`: a packing
 stage or the Winograd transform, ``pragma_parallel_barrier_when_finish``) counts its finished
-chunks instead of meeting at TVM's barrier (which waits for every thread, the sleeping one too):
-each thread, after claiming none left, waits until the count is complete (``qc_wait``), and a
-worker arriving after that passes at once. Which thread runs which iteration changes, nothing
-else: the iterations of a parallel loop are independent, so the outputs are the same bits.
+chunks (``qc_done``) instead of meeting at TVM's barrier (which waits for every thread, the sleeping
+one too): each thread, once no chunk is left to claim, waits until the count is complete
+(``qc_wait``), and a worker arriving after that passes at once. Which thread runs which iteration
+changes, nothing else: the iterations of a parallel loop are independent, so the outputs are the
+same bits. The chunk bounds come from the C side, so the loop's code stays as small as TVM's static
+split (rapidocr-det's int8 library is within its 0.3x-of-fp32 promise by a page).
 
-The three atomics (``qc_claim``, ``qc_done``, ``qc_wait``) are ``work_claiming.c``, since TVM's LLVM
+The three atomic functions (``qc_claim``, ``qc_done``, ``qc_wait``) are ``work_claiming.c``, since TVM's LLVM
 CPU codegen has no atomic add ("CPU backend does not support atomic add yet"): it is compiled into
 every CPU ``model.so`` (:func:`object_file`, by the artifact's linker) and, for the in-process
 builds of tests, benchmarks and ``--tune``, into a small library loaded with RTLD_GLOBAL where the
@@ -57,7 +58,6 @@ from tvm import tirx
 
 ENABLED = os.environ.get("QC_WORK_CLAIMING", "1") != "0"
 SOURCE = Path(__file__).with_name("work_claiming.c")
-MAX_TASKS = 64          # threads that can take part in one loop (TVM_NUM_THREADS beyond this: idle)
 MAX_CHUNKS = 64         # chunks of a loop: an atomic claim each (~10 ns), enough for balance
 PIPELINE = "qcompiler-cpu"
 LAUNCH, BARRIER = "pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish"
@@ -69,47 +69,68 @@ def _i32(v: int) -> tirx.IntImm:
     return tirx.IntImm("int32", v)
 
 
-def _counter(name: str) -> tirx.Buffer:
-    return tirx.decl_buffer((1,), "int32", name=name)
+def chunk_size(n: int) -> int:
+    """Iterations per chunk of an n-iteration loop: the smallest divisor of n that makes at most
+    MAX_CHUNKS chunks (every chunk then has the same constant trip count), else ceil(n / MAX_CHUNKS)."""
+    k = -(-n // MAX_CHUNKS)
+    for d in range(k, min(n, 2 * k) + 1):
+        if n % d == 0:
+            return d
+    return k
+
+
+def _counter(name: str, n: int = 1) -> tirx.Buffer:
+    return tirx.decl_buffer((n,), "int32", name=name)
 
 
 def _call(fn: str, buf: tirx.Buffer, *args) -> tirx.PrimExpr:
     return tirx.call_extern("int32", fn, tirx.address_of(tirx.BufferLoad(buf, [_i32(0)])), *args)
 
 
-def _claiming(loop: tirx.For, nxt: tirx.Buffer, done: tirx.Buffer | None) -> tirx.Stmt | None:
-    """``loop`` (parallel, static extent) as chunks claimed from counter ``nxt``; ``done`` counts the
-    finished chunks. None when the extent is not a constant."""
+def _claiming(loop: tirx.For, ctl: tirx.Buffer, count: bool) -> tuple[tirx.Stmt, tuple[int, ...]] | None:
+    """(``loop`` -- parallel, static extent -- as chunks claimed through ``ctl``, the initial values
+    of ``ctl``: next chunk, chunk size, iterations, finished chunks). ``count``: add each finished
+    chunk to ``ctl[3]``. None when the extent is not a constant. The chunk bounds come from
+    ``qc_claim`` (the C side): the loop's code is a call and a loop between two loaded bounds, as
+    small as TVM's static split (a chunk size written as a constant made LLVM unroll the body k
+    times, and the bounds computed inline cost rapidocr-det's int8 library a page)."""
     if not isinstance(loop.extent, tirx.IntImm) or not isinstance(loop.min, tirx.IntImm):
         return None
     n, lo = int(loop.extent), int(loop.min)
-    k = -(-n // MAX_CHUNKS)
-    chunks = -(-n // k)
+    k = chunk_size(n)
     dt = str(loop.extent.ty)
-    cur = _counter("qc_chunk")
-    c = tirx.Var("qc_c", "int32")
-    start = c * _i32(k)
-    extent = tirx.min(_i32(k), _i32(n) - start)
-    body = tirx.For(loop.loop_var, tirx.Cast(dt, start + _i32(lo)) if dt != "int32" else start + _i32(lo),
-                    tirx.Cast(dt, extent) if dt != "int32" else extent, tirx.ForKind.SERIAL, loop.body)
-    claim = tirx.BufferStore(cur, _call("qc_claim", nxt), [_i32(0)])
-    step = [tirx.Bind(c, tirx.BufferLoad(cur, [_i32(0)])), body]
-    if done is not None:
-        step.append(tirx.Evaluate(_call("qc_done", done)))
-    step.append(claim)
-    work = tirx.While(tirx.BufferLoad(cur, [_i32(0)]) < _i32(chunks), tirx.SeqStmt(step))
-    t = tirx.Var("qc_t", "int32")
-    return tirx.For(t, _i32(0), _i32(MAX_TASKS), tirx.ForKind.PARALLEL,
-                    tirx.SeqStmt([tirx.AllocBuffer(cur), claim, work]))
+    rng = _counter("qc_range", 2)
+    b, e = tirx.BufferLoad(rng, [_i32(0)]), tirx.BufferLoad(rng, [_i32(1)])
+
+    def typed(x):
+        return tirx.Cast(dt, x) if dt != "int32" else x
+    body = [tirx.For(loop.loop_var, typed(b + _i32(lo) if lo else b), typed(e - b), tirx.ForKind.SERIAL, loop.body)]
+    if count:
+        body.append(tirx.Evaluate(_call("qc_done", ctl)))
+    claim = tirx.call_extern("int32", "qc_claim", tirx.address_of(tirx.BufferLoad(ctl, [_i32(0)])),
+                             tirx.address_of(b))
+    # run by every thread of the launch (the statements of a launch region outside a parallel loop
+    # are): no static split of its own
+    work = tirx.While(claim != _i32(0), body[0] if len(body) == 1 else tirx.SeqStmt(body))
+    return tirx.SeqStmt([tirx.AllocBuffer(rng), work]), (0, k, n, 0)
 
 
-def _zeroed(counters: list[tirx.Buffer], stmt: tirx.Stmt) -> tirx.Stmt:
-    """``stmt`` after allocating and zeroing ``counters`` (in the calling thread, before the launch)."""
+def _marked(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with the empty parallel loop that TVM's codegen wants in every launch region (it
+    checks for one): the work itself is claimed by every thread outside it."""
+    return tirx.SeqStmt([tirx.For(tirx.Var("qc_mark", "int32"), _i32(0), _i32(1), tirx.ForKind.PARALLEL,
+                                  tirx.Evaluate(_i32(0))), body])
+
+
+def _zeroed(counters: list[tuple[tirx.Buffer, tuple[int, ...]]], stmt: tirx.Stmt) -> tirx.Stmt:
+    """``stmt`` after allocating ``counters`` and storing their initial values (in the calling
+    thread, before the launch)."""
     if not counters:
         return stmt
     head = []
-    for b in counters:
-        head += [tirx.AllocBuffer(b), tirx.BufferStore(b, _i32(0), [_i32(0)])]
+    for b, values in counters:
+        head.append(tirx.AllocBuffer(b))
+        head += [tirx.BufferStore(b, _i32(v), [_i32(i)]) for i, v in enumerate(values)]
     return tirx.SeqStmt(head + [stmt])
 
 
@@ -145,26 +166,28 @@ def _launch_region(attr: tirx.AttrStmt) -> tirx.Stmt:
     def pre(s):
         if isinstance(s, tirx.AttrStmt) and s.attr_key == BARRIER and isinstance(s.body, tirx.For) \
                 and s.body.kind == tirx.ForKind.PARALLEL:
-            nxt, done = _counter("qc_next"), _counter("qc_done")
-            new = _claiming(s.body, nxt, done)
-            if new is None:
+            ctl = _counter("qc_ctl", 4)
+            r = _claiming(s.body, ctl, True)
+            if r is None:
                 return s
-            counters.extend([nxt, done])
-            chunks = -(-int(s.body.extent) // -(-int(s.body.extent) // MAX_CHUNKS))
-            return tirx.SeqStmt([new, tirx.Evaluate(_call("qc_wait", done, _i32(chunks)))])
+            new, init = r
+            counters.append((ctl, init))
+            chunks = -(-init[2] // init[1])
+            return tirx.SeqStmt([new, tirx.Evaluate(_call("qc_wait", ctl, _i32(chunks)))])
         return None
 
     def post(s):
-        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL and s.loop_var.name != "qc_t":
-            nxt = _counter("qc_next")
-            new = _claiming(s, nxt, None)
-            if new is not None:
-                counters.append(nxt)
-                return new
+        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL:
+            ctl = _counter("qc_ctl", 4)
+            r = _claiming(s, ctl, False)
+            if r is not None:
+                counters.append((ctl, r[1]))
+                return r[0]
         return None
 
     body = _transform(attr.body, pre, post)
-    return _zeroed(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value, body))
+    return _zeroed(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value,
+                                           _marked(body) if counters else body))
 
 
 def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -175,10 +198,13 @@ def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return None
 
     def post(s):
-        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL and s.loop_var.name != "qc_t":
-            nxt = _counter("qc_next")
-            new = _claiming(s, nxt, None)
-            return None if new is None else _zeroed([nxt], new)
+        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL:
+            ctl = _counter("qc_ctl", 4)
+            r = _claiming(s, ctl, False)
+            if r is None:
+                return None
+            launch = tirx.AttrStmt(tirx.Var("qc_launch", "int32"), LAUNCH, _i32(1), _marked(r[0]))
+            return _zeroed([(ctl, r[1])], launch)
         return None
 
     return func.with_body(_transform(func.body, pre, post))

@@ -1,10 +1,8 @@
 """Parallel loops whose threads claim their chunks (qcompiler/codegen/work_claiming.py).
 
     for i in parallel(n): body(i)
-      ->  next = 0
-          for t in parallel(64):
-              c = qc_claim(&next)
-              while c < ceil(n / k): for i in [c*k, min(c*k + k, n)): body(i); c = qc_claim(&next)
+      ->  ctl = [0, k, n, 0]
+          launch: while qc_claim(&ctl, &range): for i in [range[0], range[1]): body(i)
 
 and a stage ahead of a kernel's main loop in one launch counts its finished chunks (qc_done) and
 waits for the count (qc_wait) instead of TVM's barrier. Which thread runs which iteration changes,
@@ -12,6 +10,7 @@ nothing else: the integers stay the oracle's, at any number of threads.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -29,19 +28,28 @@ from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
 from qcompiler.ir import Graph, TensorType  # noqa: E402
 
 
-def test_a_parallel_loop_becomes_claimed_chunks():
-    """IR in -> IR out: 100 iterations in chunks of 2 (ceil(100 / 64)), 50 chunks, the counter
-    zeroed before the loop, the chunk's iterations a serial loop of the original body."""
+def _doubling(n: int):
     @T.prim_func
-    def f(A: T.Buffer((100,), "float32"), B: T.Buffer((100,), "float32")):
-        for i in T.parallel(100):
+    def f(A: T.Buffer((n,), "float32"), B: T.Buffer((n,), "float32")):
+        for i in T.parallel(n):
             B[i] = A[i] * T.float32(2)
+    return f
 
-    out = work_claiming.rewrite(f).script()
-    assert out.count("T.parallel") == 1 and "for qc_t in T.parallel(64):" in out, out
-    assert "qc_next: T.int32 = 0" in out and out.count('T.call_extern("int32", "qc_claim", T.address_of(qc_next))') == 2
-    assert "while qc_chunk < 50:" in out, out
-    assert "for i in range(qc_c * 2, qc_c * 2 + T.min(2, 100 - qc_c * 2)):" in out, out
+
+@pytest.mark.parametrize("n, k", [(100, 2), (97, 2), (48, 1), (1000, 20)])
+def test_a_parallel_loop_becomes_claimed_chunks(n, k):
+    """IR in -> IR out: the loop's control block (next chunk 0, chunk size k, n iterations, 0
+    finished) set before a launch whose every thread claims chunks until none is left, a chunk the
+    original body over the iterations qc_claim returns. k is ceil(n / 64), rounded up to a divisor of
+    n where one is near (97 is a prime: its last chunk is short, which qc_claim's bounds say). The
+    launch keeps the one empty parallel loop TVM's codegen asks of a launch region."""
+    out = work_claiming.rewrite(_doubling(n)).script()
+    assert [f"qc_ctl[{i}] = {v}" in out for i, v in enumerate((0, k, n, 0))] == [True] * 4, out
+    assert 'with T.attr(qc_launch, "pragma_parallel_launch_point", 1):' in out, out
+    assert out.count("T.parallel") == 1 and "for qc_mark in T.parallel(1):" in out, out
+    assert ('while T.call_extern("int32", "qc_claim", T.address_of(qc_ctl[0]), T.address_of(qc_range[0])) != 0:'
+            in out), out
+    assert "for i in range(qc_range[0], qc_range[0] + (qc_range[1] - qc_range[0])):" in out, out
     assert "B[i] = A[i] * T.float32(2.0)" in out, out
 
 
@@ -63,7 +71,7 @@ def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch):
     (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
     ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
     ll = "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
-    assert ll.count("call i32 @qc_claim") >= 4, ll.count("call i32 @qc_claim")
+    assert len(set(re.findall(r"call i32 @qc_claim\(ptr (%\w+)", ll))) == 2, ll     # the stage's, the main loop's
     assert "@qc_done" in ll and "@qc_wait" in ll
     assert "TVMBackendParallelBarrier" not in ll
     assert ll.count("load ptr, ptr @__TVMBackendParallelLaunch") == 1        # one launch for both loops
