@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -114,13 +115,19 @@ def nvcc_version(nvcc: str | None = None) -> str:
     return "unknown"
 
 
-def nvcc_archs(nvcc: str | None = None) -> list[str] | None:
+def nvcc_archs(nvcc: str | None = None) -> tuple[str, ...] | None:
     """The SMs this nvcc builds (``nvcc --list-gpu-arch``: compute_75 ... for CUDA 13), as sm_NN;
-    None when it does not say (an nvcc before 11.0 has no such flag)."""
-    r = subprocess.run([nvcc or find_nvcc(), "--list-gpu-arch"], capture_output=True, text=True)
+    None when it does not say (an nvcc before 11.0 has no such flag). Asked once per nvcc: the CLI
+    checks ``--arch`` before any work and :func:`device_compile` again for API callers."""
+    return _nvcc_archs(nvcc or find_nvcc())
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_archs(nvcc: str) -> tuple[str, ...] | None:
+    r = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True)
     archs = [f"sm_{line.strip()[len('compute_'):]}" for line in r.stdout.splitlines()
              if line.strip().startswith("compute_") and line.strip()[len("compute_"):].isdigit()]
-    return archs if r.returncode == 0 and archs else None
+    return tuple(archs) if r.returncode == 0 and archs else None
 
 
 def check_archs(archs: Sequence[str], nvcc: str | None = None) -> None:

@@ -71,7 +71,7 @@ def _i32(v: int) -> tirx.IntImm:
 
 def chunk_size(n: int) -> int:
     """Iterations per chunk of an n-iteration loop: the smallest divisor of n that makes at most
-    MAX_CHUNKS chunks (every chunk then has the same constant trip count), else ceil(n / MAX_CHUNKS)."""
+    MAX_CHUNKS chunks (the chunks then share the work evenly), else ceil(n / MAX_CHUNKS)."""
     k = -(-n // MAX_CHUNKS)
     for d in range(k, min(n, 2 * k) + 1):
         if n % d == 0:
@@ -122,9 +122,9 @@ def _marked(body: tirx.Stmt) -> tirx.Stmt:
                                   tirx.Evaluate(_i32(0))), body])
 
 
-def _zeroed(counters: list[tuple[tirx.Buffer, tuple[int, ...]]], stmt: tirx.Stmt) -> tirx.Stmt:
-    """``stmt`` after allocating ``counters`` and storing their initial values (in the calling
-    thread, before the launch)."""
+def _initialized(counters: list[tuple[tirx.Buffer, tuple[int, ...]]], stmt: tirx.Stmt) -> tirx.Stmt:
+    """``stmt`` after allocating the control blocks ``counters`` and storing their initial values
+    (in the calling thread, before the launch)."""
     if not counters:
         return stmt
     head = []
@@ -158,35 +158,38 @@ def _transform(s: tirx.Stmt, pre, post) -> tirx.Stmt:
     return s if r is None else r
 
 
+def _claimed(loop: tirx.Stmt, counters: list, count: bool = False) -> tirx.Stmt | None:
+    """``loop`` as claimed chunks (:func:`_claiming`) with a new control block, appended to
+    ``counters`` with its initial values; None where ``loop`` is no parallel loop of constant extent."""
+    if not (isinstance(loop, tirx.For) and loop.kind == tirx.ForKind.PARALLEL):
+        return None
+    ctl = _counter("qc_ctl", 4)
+    r = _claiming(loop, ctl, count)
+    if r is None:
+        return None
+    counters.append((ctl, r[1]))
+    return r[0]
+
+
 def _launch_region(attr: tirx.AttrStmt) -> tirx.Stmt:
     """One ``parallel_launch_point`` region: each parallel loop inside claims its chunks, the loop
     under a barrier also counts them and the threads wait for the count."""
-    counters: list[tirx.Buffer] = []
+    counters: list[tuple[tirx.Buffer, tuple[int, ...]]] = []
 
     def pre(s):
-        if isinstance(s, tirx.AttrStmt) and s.attr_key == BARRIER and isinstance(s.body, tirx.For) \
-                and s.body.kind == tirx.ForKind.PARALLEL:
-            ctl = _counter("qc_ctl", 4)
-            r = _claiming(s.body, ctl, True)
-            if r is None:
+        if isinstance(s, tirx.AttrStmt) and s.attr_key == BARRIER:
+            new = _claimed(s.body, counters, count=True)
+            if new is None:
                 return s
-            new, init = r
-            counters.append((ctl, init))
-            chunks = -(-init[2] // init[1])
-            return tirx.SeqStmt([new, tirx.Evaluate(_call("qc_wait", ctl, _i32(chunks)))])
+            ctl, (_, k, n, _) = counters[-1]
+            return tirx.SeqStmt([new, tirx.Evaluate(_call("qc_wait", ctl, _i32(-(-n // k))))])
         return None
 
     def post(s):
-        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL:
-            ctl = _counter("qc_ctl", 4)
-            r = _claiming(s, ctl, False)
-            if r is not None:
-                counters.append((ctl, r[1]))
-                return r[0]
-        return None
+        return _claimed(s, counters)
 
     body = _transform(attr.body, pre, post)
-    return _zeroed(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value,
+    return _initialized(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value,
                                            _marked(body) if counters else body))
 
 
@@ -198,14 +201,11 @@ def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return None
 
     def post(s):
-        if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL:
-            ctl = _counter("qc_ctl", 4)
-            r = _claiming(s, ctl, False)
-            if r is None:
-                return None
-            launch = tirx.AttrStmt(tirx.Var("qc_launch", "int32"), LAUNCH, _i32(1), _marked(r[0]))
-            return _zeroed([(ctl, r[1])], launch)
-        return None
+        counters: list = []
+        new = _claimed(s, counters)
+        if new is None:
+            return None
+        return _initialized(counters, tirx.AttrStmt(tirx.Var("qc_launch", "int32"), LAUNCH, _i32(1), _marked(new)))
 
     return func.with_body(_transform(func.body, pre, post))
 

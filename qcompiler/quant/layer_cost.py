@@ -364,19 +364,12 @@ def _on_board(lib, spec, remote):
     import hashlib
     import tempfile
     from pathlib import Path
-    from tvm.support import cc as tvm_cc
-    from ..codegen.artifact import export_cc
+    from ..codegen.artifact import export_library
     if spec.family == "cuda":
         raise ValueError("remote kernel timing covers CPU targets (x86, arm), not cuda")
-    from ..codegen import work_claiming
-    cc = export_cc(spec)
     with tempfile.TemporaryDirectory(prefix="qcompiler-kernels-") as tmp:
         path = Path(tmp) / "kernels.so"
-        atomics = work_claiming.object_file(cc, Path(tmp))      # the parallel loops' qc_claim & co.
-
-        def fcompile(output, objects, **kwargs):
-            return tvm_cc.create_shared(output, [*objects, str(atomics)], **kwargs)
-        lib.export_library(str(path), fcompile=fcompile, workspace_dir=tmp, **({"cc": cc} if cc else {}))
+        export_library(lib, path, spec, Path(tmp) / "work")     # linked as an artifact's model.so
         name = f"qcompiler-kernels-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.so"
         remote.session.upload(str(path), target=name)
     return remote.session.load_module(name), remote.session.cpu(0)

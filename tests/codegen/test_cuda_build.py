@@ -251,11 +251,7 @@ def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: in
     quantized unless ``quantize`` is False; ``convs`` > 1: a chain of that many (conv + ReLU), the
     stride on the last; ``pool``: a 3x3/2 max pool (pad 1) after the first conv + ReLU, as after
     ResNet's stem."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from qcompiler.frontend import import_onnx
-    from qcompiler.passes import PassContext, PassManager, run_passes
-    from qcompiler.passes.quantize import QuantizeOptions
     rng = np.random.default_rng(0)
     oh = hw
     nodes, inits, x = [], [], "x"
@@ -276,12 +272,23 @@ def _one_conv(c: int = 128, hw: int = 28, n: int = 1, group: int = 1, stride: in
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, hw, hw])],
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, [n, c, oh, oh])], inits)
+    return _imported(graph, (n, c, hw, hw), rng if quantize else None)
+
+
+def _imported(graph, shape, rng):
+    """The IR of the one-input ONNX ``graph`` (opset 13) after the default passes, quantized on one
+    random-normal batch of ``shape`` drawn from ``rng`` (None: left float)."""
+    import onnx
+    from onnx import helper
+    from qcompiler.frontend import import_onnx
+    from qcompiler.passes import PassContext, PassManager, run_passes
+    from qcompiler.passes.quantize import QuantizeOptions
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
     run_passes(g)
-    if quantize:
-        calib = [{"x": rng.standard_normal((n, c, hw, hw)).astype(np.float32)}]
+    if rng is not None:
+        calib = [{"x": rng.standard_normal(shape).astype(np.float32)}]
         PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
     return g
 
@@ -317,11 +324,7 @@ def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
 def _stem(n: int = 1, hw: int = 224):
     """ResNet-18's stem conv (n x 3 x hw x hw -> 64, 7x7 / 2, pad 3) + ReLU, quantized: its implicit
     GEMM (I = n*(hw/2)^2, J = 64, K = 147) is one that stays off tensor cores (tensor_core_sized)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from qcompiler.frontend import import_onnx
-    from qcompiler.passes import PassContext, PassManager, run_passes
-    from qcompiler.passes.quantize import QuantizeOptions
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 3, 7, 7)) * 0.1).astype(np.float32)
     oh = (hw - 1) // 2 + 1
@@ -330,13 +333,7 @@ def _stem(n: int = 1, hw: int = 224):
          helper.make_node("Relu", ["y"], ["z"])], "stem",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, hw, hw])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [n, 64, oh, oh])], [numpy_helper.from_array(w, "w")])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    g = import_onnx(onnx.ModelProto.FromString(m.SerializeToString()))
-    run_passes(g)
-    calib = [{"x": rng.standard_normal((n, 3, hw, hw)).astype(np.float32)}]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
-    return g
+    return _imported(graph, (n, 3, hw, hw), rng)
 
 
 def _kernel_ptx(g, kernel: str, arch: str = "sm_90") -> str:

@@ -62,15 +62,20 @@ def _winograd_conv(n: int = 2):
     return g
 
 
+def _conv_llvm_ir() -> str:
+    """The LLVM IR of :func:`_winograd_conv`'s conv kernel built as tvm_compile builds it."""
+    mod = lower(_winograd_conv(), SPEC)
+    (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
+    return "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
+
+
 def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch):
     """Every kernel on the thread pool (PAR_MIN_NS = 0): the conv is still one launch; inside it
     both loops claim chunks, the stage counts them and every thread waits for the count; TVM's
     barrier (which waits for every thread, a sleeping worker too) is gone. LLVM IR of the build."""
     monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
-    mod = lower(_winograd_conv(), SPEC)
-    (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
-    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
-    ll = "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
+    ll = _conv_llvm_ir()
     assert len(set(re.findall(r"call i32 @qc_claim\(ptr (%\w+)", ll))) == 2, ll     # the stage's, the main loop's
     assert "@qc_done" in ll and "@qc_wait" in ll
     assert "TVMBackendParallelBarrier" not in ll
@@ -95,8 +100,5 @@ def test_off_keeps_the_static_split(monkeypatch):
     """QC_WORK_CLAIMING=0 (A/B runs): TVM's pipeline as it is, the barrier back, no qc_ call."""
     monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
     monkeypatch.setattr(work_claiming, "ENABLED", False)
-    mod = lower(_winograd_conv(), SPEC)
-    (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
-    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
-    ll = "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
+    ll = _conv_llvm_ir()
     assert "@qc_claim" not in ll and "TVMBackendParallelBarrier" in ll
