@@ -146,15 +146,17 @@ def make_cases(names: list[str], n_calib: int, n_eval: int, det_size: int) -> li
 
 
 # ---- the three engines ------------------------------------------------------------------------------
-def build_qcompiler(case: Case, tmp: Path, dtype: str = "int8") -> tuple[object, float]:
+def build_qcompiler(case: Case, tmp: Path, dtype: str = "int8", cpu: str | None = None) -> tuple[object, float]:
     """The artifact exactly as the CLI builds it (in a child process, so that the compiler's
     threads and memory stay out of the timings): ``--dtype int8`` calibrated on the case's
-    samples, or ``--dtype fp32`` (same default passes, same x86 host target); returns (loaded
-    model, build seconds)."""
+    samples, or ``--dtype fp32`` (same default passes, same x86 target: the host's CPU, or
+    ``--cpu cpu``); returns (loaded model, build seconds)."""
     from qcompiler.runtime import load
     out = tmp / f"{case.name}_{dtype}"
     argv = [fixed_model(case, tmp), "--dtype", dtype, "--input-shape",
             f"{case.input}=" + "x".join(map(str, case.bshape)), "-o", str(out), "-q"]
+    if cpu:
+        argv += ["--cpu", cpu]
     if dtype == "int8":
         calib = tmp / f"{case.name}_calib.npz"
         np.savez(calib, **{case.input: case.calib})
@@ -234,10 +236,11 @@ def ort_session(path: str, threads: int, spin: bool):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def bench(case: Case, tmp: Path, rounds: int, iters: int, threads: int, spin: bool = False) -> dict:
+def bench(case: Case, tmp: Path, rounds: int, iters: int, threads: int, spin: bool = False,
+          cpu: str | None = None) -> dict:
     import tvm
-    ours, ours_build_s = build_qcompiler(case, tmp)
-    ours32, _ = build_qcompiler(case, tmp, "fp32")
+    ours, ours_build_s = build_qcompiler(case, tmp, cpu=cpu)
+    ours32, _ = build_qcompiler(case, tmp, "fp32", cpu=cpu)
     ort_q_path, ort_build_s = build_ort_int8(case, tmp)
     fp32, ort_q = ort_session(fixed_model(case, tmp), threads, spin), ort_session(ort_q_path, threads, spin)
     b = case.batch
@@ -289,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spin", action="store_true", help="let idle worker threads busy-wait (both engines)")
     ap.add_argument("--batch", type=int, default=1, help="compile and run at this batch size (default 1)")
+    ap.add_argument("--cpu", default=None, help="compile qcompiler's builds for this LLVM CPU (e.g. x86-64-v3: "
+                    "AVX2 code on an AVX-512 host; default: the host's); it must run on this host")
     a = ap.parse_args(argv)
     if a.calib < 1 or a.eval < 1:
         ap.error("--calib and --eval must be at least 1")
@@ -302,6 +307,8 @@ def main(argv=None) -> int:
     if not cases:
         print("no model selected (or its data is missing)", file=sys.stderr)
         return 1
+    from qcompiler.codegen.target import host_cpu
+    print(f"host CPU {host_cpu()}, qcompiler built for {a.cpu or host_cpu()}")
     print(f"int8 vs fp32, batch {a.batch}, {a.threads} threads; qcompiler = qcompile --dtype int8 (x86 model.so), "
           "ORT int8 = quantize_static QDQ per-channel MinMax; SQNR and top-1 agreement against ORT fp32")
     hdr = (f"{'model':18s} {'calib/eval':>10s} {'SQNR dB ours':>12s} {'ORT':>6s} {'agree ours':>10s} {'ORT':>6s} "
@@ -312,7 +319,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
         for c in cases:
             try:
-                r = bench(c, Path(tmp), a.rounds, a.iters, a.threads, a.spin)
+                r = bench(c, Path(tmp), a.rounds, a.iters, a.threads, a.spin, a.cpu)
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 print(f"{c.name:18s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                 continue

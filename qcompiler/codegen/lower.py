@@ -583,7 +583,7 @@ def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
         if os.environ.get("QC_CUDA_GRAPH") == "1":     # experiment (bench_cuda)
             config["relax.backend.use_cuda_graph"] = True
     from . import work_claiming
-    pipeline = work_claiming.tir_pipeline() if spec.family != "cuda" and work_claiming.ENABLED else "default"
+    pipeline = work_claiming.tir_pipeline() if spec.family != "cuda" else "default"
     with tvm.transform.PassContext(opt_level=3, config=config):
         return tvm.compile(mod, target=tvm.target.Target(spec.tvm), tir_pipeline=pipeline)
 

@@ -19,6 +19,10 @@ FAMILIES = ("x86", "arm", "cuda")
 # 1.046 ms, interleaved medians; 2026-11-23).
 LLVM_OPTIONS = ("-unroll-threshold-aggressive:uint=150",)
 DTYPES = ("fp32", "fp16", "bf16", "int8")
+X86_LEVELS = ("znver3", "x86-64-v3", "x86-64-v4", "znver4", "icelake-server")
+"""The x86 CPUs (``--cpu``) whose generated code the test suite checks on any host, one per int8
+dot-product path: an AVX2-only core and the portable AVX2 level (vpmaddwd on ymm), AVX-512
+without VNNI (vpmaddwd on zmm), and AMD's and Intel's AVX-512 VNNI cores (vpdpbusd on zmm)."""
 
 
 @dataclass(frozen=True)

@@ -134,26 +134,26 @@ def _initialized(counters: list[tuple[tirx.Buffer, tuple[int, ...]]], stmt: tirx
     return tirx.SeqStmt(head + [stmt])
 
 
-def _transform(s: tirx.Stmt, pre, post) -> tirx.Stmt:
+def transform_stmts(s: tirx.Stmt, pre, post) -> tirx.Stmt:
     """``s`` rebuilt bottom-up: ``pre(node)`` may replace a node whole (its children untouched),
-    ``post(node)`` a node whose children are done; None keeps it. Descends through the statements
+    ``post(node)`` a node whose children are done; None (or no ``pre``) keeps it. Descends through the statements
     that hold others (sequences, attributes, loops, conditionals); a loop inside any other kind
     of statement keeps TVM's static split."""
-    r = pre(s)
+    r = pre(s) if pre is not None else None
     if r is not None:
         return r
     if isinstance(s, tirx.SeqStmt):
-        s = tirx.SeqStmt([_transform(x, pre, post) for x in s.seq])
+        s = tirx.SeqStmt([transform_stmts(x, pre, post) for x in s.seq])
     elif isinstance(s, tirx.AttrStmt):
-        s = tirx.AttrStmt(s.node, s.attr_key, s.value, _transform(s.body, pre, post))
+        s = tirx.AttrStmt(s.node, s.attr_key, s.value, transform_stmts(s.body, pre, post))
     elif isinstance(s, tirx.For):
-        s = tirx.For(s.loop_var, s.min, s.extent, s.kind, _transform(s.body, pre, post), s.thread_binding,
+        s = tirx.For(s.loop_var, s.min, s.extent, s.kind, transform_stmts(s.body, pre, post), s.thread_binding,
                      s.annotations)
     elif isinstance(s, tirx.IfThenElse):
-        s = tirx.IfThenElse(s.condition, _transform(s.then_case, pre, post),
-                            None if s.else_case is None else _transform(s.else_case, pre, post))
+        s = tirx.IfThenElse(s.condition, transform_stmts(s.then_case, pre, post),
+                            None if s.else_case is None else transform_stmts(s.else_case, pre, post))
     elif isinstance(s, tirx.While):
-        s = tirx.While(s.condition, _transform(s.body, pre, post))
+        s = tirx.While(s.condition, transform_stmts(s.body, pre, post))
     r = post(s)
     return s if r is None else r
 
@@ -188,7 +188,7 @@ def _launch_region(attr: tirx.AttrStmt) -> tirx.Stmt:
     def post(s):
         return _claimed(s, counters)
 
-    body = _transform(attr.body, pre, post)
+    body = transform_stmts(attr.body, pre, post)
     return _initialized(counters, tirx.AttrStmt(attr.node, attr.attr_key, attr.value,
                                            _marked(body) if counters else body))
 
@@ -207,7 +207,7 @@ def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
             return None
         return _initialized(counters, tirx.AttrStmt(tirx.Var("qc_launch", "int32"), LAUNCH, _i32(1), _marked(new)))
 
-    return func.with_body(_transform(func.body, pre, post))
+    return func.with_body(transform_stmts(func.body, pre, post))
 
 
 @tvm.transform.module_pass(opt_level=0, name="WorkClaiming")
@@ -220,10 +220,13 @@ def work_claiming(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 def _pipeline():
-    """TVM's default TIR pipeline, then :func:`work_claiming`."""
+    """TVM's default TIR pipeline, then :func:`.stack_tiles.stack_tiles` and (unless
+    ``QC_WORK_CLAIMING=0``) :func:`work_claiming`."""
     from tvm.s_tir.pipeline import default_s_tir_pipeline
+    from .stack_tiles import stack_tiles
     pipe, finalize_host, finalize_device = default_s_tir_pipeline()
-    return tvm.transform.Sequential([pipe, work_claiming]), finalize_host, finalize_device
+    ours = [stack_tiles, work_claiming] if ENABLED else [stack_tiles]
+    return tvm.transform.Sequential([pipe, *ours]), finalize_host, finalize_device
 
 
 def tir_pipeline() -> str:
@@ -231,7 +234,8 @@ def tir_pipeline() -> str:
     from tvm.tirx.compilation_pipeline import PIPELINE_MAP, register_tir_pipeline
     if PIPELINE not in PIPELINE_MAP:
         register_tir_pipeline(PIPELINE, _pipeline)
-    load_in_process()
+    if ENABLED:
+        load_in_process()
     return PIPELINE
 
 

@@ -16,7 +16,7 @@ from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.quant.requant import quantize_multiplier, requantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_x86_int8 import SPEC, add_qconv, check_exact, qin  # noqa: E402
+from test_x86_int8 import SPEC, X86_LEVELS, add_qconv, check_exact, qin  # noqa: E402
 
 
 @pytest.mark.parametrize("m, s", [((1 << 31) - 1, 17), ((1 << 31) - 1, 38), (1 << 30, 30), (1787912865, 38),
@@ -57,11 +57,21 @@ def _se_graph(storage, c, w, out_scale):
     return g, qx
 
 
+def _uses_se_mul(g, spec) -> bool:
+    low = _Lowering(g, spec)
+    low.run()
+    return any(kind == "se_mul" for _, kind in low.sources.values())
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_se_mul_kernel_chosen_for_each_cpu(cpu):
+    from qcompiler.codegen.target import TargetSpec
+    assert _uses_se_mul(_se_graph("uint8", 24, 12, 0.02)[0], TargetSpec("x86", cpu=cpu))
+
+
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
 @pytest.mark.parametrize("c, w, out_scale", [(24, 12, 0.02), (32, 10, 0.0004), (16, 7, 0.3), (48, 9, 0.004)])
 def test_se_mul_kernel_bit_exact(storage, c, w, out_scale):
     g, qx = _se_graph(storage, c, w, out_scale)
-    low = _Lowering(g, SPEC)
-    low.run()
-    assert any(kind == "se_mul" for _, kind in low.sources.values()), "the int32 squeeze-excite kernel was not used"
+    assert _uses_se_mul(g, SPEC), "the int32 squeeze-excite kernel was not used"
     check_exact(g, {"x": qin(qx, (1, c, 5, w))}, f"SE mul {storage} c={c} w={w} scale={out_scale}")

@@ -20,11 +20,12 @@ from tvm.script import tirx as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_x86_int8 import ACT, SPEC, add_qconv, check_exact, qin  # noqa: E402
+from test_x86_int8 import ACT, X86_LEVELS, add_qconv, check_exact, qin  # noqa: E402
 
 from qcompiler.codegen import work_claiming  # noqa: E402
 from qcompiler.codegen.lower import lower, tvm_compile  # noqa: E402
 from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
+from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.ir import Graph, TensorType  # noqa: E402
 
 
@@ -55,27 +56,30 @@ def test_a_parallel_loop_becomes_claimed_chunks(n, k):
 
 def _winograd_conv(n: int = 2):
     """A 32 -> 32 3x3 int8 conv at 16x16: on AVX2 a Winograd conv over tile rows, its weight
-    transform a stage ahead of the main loop in the same launch."""
+    transform a stage ahead of the main loop in the same launch; on VNNI a direct conv, its
+    packing stage ahead."""
     g = Graph("q")
     x = g.add_input("x", TensorType((n, 32, 16, 16), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, 32, (3, 3), p=(1, 1, 1, 1), act="Relu")]
     return g
 
 
-def _conv_llvm_ir() -> str:
-    """The LLVM IR of :func:`_winograd_conv`'s conv kernel built as tvm_compile builds it."""
-    mod = lower(_winograd_conv(), SPEC)
+def _conv_llvm_ir(cpu: str) -> str:
+    """The LLVM IR of :func:`_winograd_conv`'s conv kernel built for ``cpu`` as tvm_compile builds it."""
+    spec = TargetSpec("x86", cpu=cpu)
+    mod = lower(_winograd_conv(), spec)
     (gv,) = [gv for gv in mod.functions if "qlinearconv" in gv.name_hint]
-    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), SPEC)
+    ex = tvm_compile(tvm.IRModule({gv.name_hint: mod[gv].with_attr("global_symbol", gv.name_hint)}), spec)
     return "".join(m.inspect_source("ll") for m in ex.mod.imports) if ex.mod.imports else ex.mod.inspect_source("ll")
 
 
-def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch):
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch, cpu):
     """Every kernel on the thread pool (PAR_MIN_NS = 0): the conv is still one launch; inside it
     both loops claim chunks, the stage counts them and every thread waits for the count; TVM's
     barrier (which waits for every thread, a sleeping worker too) is gone. LLVM IR of the build."""
     monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
-    ll = _conv_llvm_ir()
+    ll = _conv_llvm_ir(cpu)
     assert len(set(re.findall(r"call i32 @qc_claim\(ptr (%\w+)", ll))) == 2, ll     # the stage's, the main loop's
     assert "@qc_done" in ll and "@qc_wait" in ll
     assert "TVMBackendParallelBarrier" not in ll
@@ -97,8 +101,8 @@ def test_any_number_of_threads_gives_the_oracle_integers(monkeypatch, threads):
 
 
 def test_off_keeps_the_static_split(monkeypatch):
-    """QC_WORK_CLAIMING=0 (A/B runs): TVM's pipeline as it is, the barrier back, no qc_ call."""
+    """QC_WORK_CLAIMING=0 (A/B runs): TVM's split as it is, the barrier back, no qc_ call."""
     monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
     monkeypatch.setattr(work_claiming, "ENABLED", False)
-    ll = _conv_llvm_ir()
+    ll = _conv_llvm_ir(X86_LEVELS[0])
     assert "@qc_claim" not in ll and "TVMBackendParallelBarrier" in ll

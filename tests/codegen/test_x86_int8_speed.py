@@ -9,6 +9,10 @@ with the numpy oracle, and do what they claim in the generated code:
   the requantization product stays one ``vpmuldq`` (no ``vpmullq`` in the code): exact on
   accumulators at the extremes, with large folded biases, and where the int32 sum wraps;
 * the x86 schedules launch threads only for kernels whose estimated serial time pays for it.
+
+The tests that assert the structure of generated code compile for every CPU of ``X86_LEVELS`` (an
+AVX2 core, the portable x86-64-v3, AVX-512 with and without VNNI), whatever the host; those that
+run kernels run them on this host's CPU.
 """
 from __future__ import annotations
 
@@ -23,31 +27,41 @@ from tvm import te
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_x86_int8 import ACT, RNG, SPEC, add_qconv, check_exact, conv_script, qin  # noqa: E402
+from test_x86_int8 import ACT, RNG, SPEC, X86_LEVELS, add_qconv, check_exact, conv_script, qin  # noqa: E402
 
 from qcompiler.codegen.kernels import quant as kquant  # noqa: E402
-from qcompiler.codegen.lower import lower  # noqa: E402
+from qcompiler.codegen.lower import build_module, lower, tvm_compile  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
 from qcompiler.ir import Graph, QuantParams, TensorType  # noqa: E402
 from qcompiler.quant.requant import conv_multipliers, quantize_multiplier  # noqa: E402
 
 
-@pytest.mark.parametrize("storage", ["uint8", "int8"])
-def test_quantize_linear_vectorized_exact_with_nan_inf_and_ties(storage):
+def _quantize_linear_graph(storage):
     g = Graph("q")
     qp = QuantParams(storage, (0.0069,), (110,) if storage == "uint8" else (-7,))
     shape = (1, 3, 48, 64)
     x = g.add_input("x", TensorType(shape, "float32"))
     g.outputs = [g.create_op("QuantizeLinear", [x], result_types=[TensorType(shape, storage, qp)]).result]
+    return g
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_quantize_linear_exact_with_nan_inf_and_ties(storage):
+    shape = (1, 3, 48, 64)
     xv = RNG.normal(0, 0.6, shape).astype(np.float32)
     flat = xv.reshape(-1)
     flat[:8] = [np.nan, -np.nan, np.inf, -np.inf, 3e38, -3e38, 0.0, -0.0]
     ties = (np.arange(-40, 40) + 0.5).astype(np.float32) * np.float32(0.0069)      # k + 1/2 steps
     flat[100:100 + ties.size] = ties
     flat[1000:1016] = np.float32(np.nan)                                            # a whole vector of NaN
-    check_exact(g, {"x": xv}, f"QuantizeLinear {storage}")
-    text = lower(g, SPEC).script()
+    check_exact(_quantize_linear_graph(storage), {"x": xv}, f"QuantizeLinear {storage}")
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_quantize_linear_vectorized(storage, cpu):
+    text = lower(_quantize_linear_graph(storage), TargetSpec("x86", cpu=cpu)).script()
     assert "llvm.nearbyint" in text and "T.vectorized" in text
 
 
@@ -76,10 +90,14 @@ def _se_gate_graph(storage):
 
 
 @pytest.mark.parametrize("storage", ["uint8", "int8"])
-def test_squeeze_excite_gate_hoisted_and_exact(storage):
-    g = _se_gate_graph(storage)
-    check_exact(g, {"x": qin(ACT[storage], (1, 24, 5, 12))}, f"SE gate {storage}")
-    mod = lower(g, SPEC)
+def test_squeeze_excite_gate_exact(storage):
+    check_exact(_se_gate_graph(storage), {"x": qin(ACT[storage], (1, 24, 5, 12))}, f"SE gate {storage}")
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+def test_squeeze_excite_gate_hoisted(storage, cpu):
+    mod = lower(_se_gate_graph(storage), TargetSpec("x86", cpu=cpu))
     mul = [mod[gv] for gv in mod.functions if "qlinearmul" in gv.name_hint]
     assert mul, "the gate multiply has its own kernel"
     text = mul[0].script()
@@ -87,13 +105,9 @@ def test_squeeze_excite_gate_hoisted_and_exact(storage):
     assert "lut" in text                        # ... from the HardSigmoid table
 
 
-@pytest.mark.parametrize("storage", ["uint8", "int8"])
-@pytest.mark.parametrize("act", ["", "Relu", "HardSwish"])
-def test_bias_epilogue_exact_at_the_extremes(storage, act):
-    """QLinearGemm with K = 64 and weights of ±127 so that Σ x·w reaches ±2 M, inputs at 0/255 or
-    -128/127, int32 biases of up to ±2^28, and per-channel multipliers: the epilogue of
-    ``requantized`` against the oracle; without HardSwish (whose p·u·m2 is a true 64-bit product)
-    the compiled code multiplies with ``vpmuldq`` only."""
+def _extreme_gemm(storage, act):
+    """QLinearGemm with K = 64 and weights of ±127 so that Σ x·w reaches ±2 M, int32 biases of up to
+    ±2^28, and per-channel multipliers; and inputs at 0/255 or -128/127."""
     m, k, n = 64, 64, 32
     qa = ACT[storage]
     g = Graph("q")
@@ -116,11 +130,24 @@ def test_bias_epilogue_exact_at_the_extremes(storage, act):
     av = np.where(RNG.random((m, k)) < 0.5, lo, hi).astype(storage)
     av[: m // 4] = hi
     av[m // 4: m // 2] = lo
-    check_exact(g, {"a": av}, f"bias epilogue {storage} {act or 'none'}")
-    if act != "HardSwish":
-        from qcompiler.codegen.lower import build_module
-        asm = "".join(m.inspect_source("asm") for m in build_module(g, SPEC).mod.imports)
-        assert "vpmuldq" in asm and "vpmullq" not in asm
+    return g, {"a": av}
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("act", ["", "Relu", "HardSwish"])
+def test_bias_epilogue_exact_at_the_extremes(storage, act):
+    """The epilogue of ``requantized`` on :func:`_extreme_gemm` against the oracle."""
+    check_exact(*_extreme_gemm(storage, act), f"bias epilogue {storage} {act or 'none'}")
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+@pytest.mark.parametrize("act", ["", "Relu"])
+def test_bias_epilogue_multiplies_on_vpmuldq(act, cpu):
+    """Without HardSwish (whose p·u·m2 is a true 64-bit product) the compiled epilogue multiplies
+    with ``vpmuldq`` only, no ``vpmullq`` (an AVX-512DQ instruction the wrapping bias add avoids)."""
+    g, _ = _extreme_gemm("uint8", act)
+    asm = "".join(m.inspect_source("asm") for m in build_module(g, TargetSpec("x86", cpu=cpu)).mod.imports)
+    assert "vpmuldq" in asm and "vpmullq" not in asm
 
 
 def test_wrapping_add_is_int32_modular():
@@ -327,59 +354,78 @@ def launches(script: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("c, o, hw", [
+ONE_LAUNCH_CONVS = [
     (3, 32, 12),      # a stem: direct conv, its packing stage ahead of the conv loop
     (32, 32, 16),     # AVX2: Winograd over tile rows, the weight transform ahead
     (32, 64, 6),      # AVX2: Winograd over channel blocks (K > tiles), the input transform ahead
-])
-def test_stage_and_main_loop_share_one_launch_bit_exact(monkeypatch, c, o, hw):
-    """Every kernel forced onto the thread pool (PAR_MIN_NS = 0): the stage ahead of a conv's main
-    loop is split across the same launch (``parallel_launch_point``, barrier after it), one launch
-    per kernel, and the integers are the oracle's on this host's CPU (batch 2: the batch is part of
-    the split loops)."""
+]
+
+
+def _one_launch_conv(c, o, hw):
     g = Graph("q")
     x = g.add_input("x", TensorType((2, c, hw, hw), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, o, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    return g
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+@pytest.mark.parametrize("c, o, hw", ONE_LAUNCH_CONVS)
+def test_stage_and_main_loop_share_one_launch(monkeypatch, c, o, hw, cpu):
+    """Every kernel forced onto the thread pool (PAR_MIN_NS = 0): the stage ahead of a conv's main
+    loop is split across the same launch (``parallel_launch_point``, barrier after it), one launch
+    per kernel (batch 2: the batch is part of the split loops)."""
     monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
-    text = conv_script(g, SPEC)
+    text = conv_script(_one_launch_conv(c, o, hw), TargetSpec("x86", cpu=cpu))
     assert launches(text) == 1 and text.count("T.parallel") == 2, text
     assert "pragma_parallel_barrier_when_finish" in text
-    check_exact(g, {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
+
+
+@pytest.mark.parametrize("c, o, hw", ONE_LAUNCH_CONVS)
+def test_one_launch_kernels_bit_exact(monkeypatch, c, o, hw):
+    """The same kernels on this host's CPU compute the oracle's integers."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    check_exact(_one_launch_conv(c, o, hw), {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
 
 
 def lambda_workspace_calls(mod: tvm.IRModule, spec: TargetSpec) -> dict:
     """``{kernel: TVMBackendAllocWorkspace calls inside its parallel lambdas}`` of every TIR kernel
-    of ``mod`` built for ``spec`` (LLVM IR: a lambda is TVM's ``__tvm_parallel_lambda`` function,
-    whose body runs per thread and, for an allocation inside the parallel loop, per iteration)."""
+    of ``mod`` built for ``spec`` as artifacts are (:func:`tvm_compile`, the project's CPU TIR
+    pipeline; LLVM IR: a lambda is TVM's ``__tvm_parallel_lambda`` function, whose body runs per
+    thread and, for an allocation inside the parallel loop, per iteration)."""
     out = {}
     for gv in mod.functions:
         f = mod[gv]
         if not isinstance(f, tvm.tirx.PrimFunc):
             continue
-        lib = tvm.compile(tvm.IRModule({gv.name_hint: f.with_attr("global_symbol", gv.name_hint)}),
-                          target=tvm.target.Target(spec.host_tvm))
-        ll = (lib.mod if hasattr(lib, "mod") else lib).inspect_source("ll")
+        lib = tvm_compile(tvm.IRModule({gv.name_hint: f.with_attr("global_symbol", gv.name_hint)}), spec)
+        lib = lib.mod if hasattr(lib, "mod") else lib
+        ll = "".join(m.inspect_source("ll") for m in lib.imports) if lib.imports else lib.inspect_source("ll")
         lambdas = [part for part in ll.split("\ndefine ")[1:]
                    if "parallel_lambda" in re.match(r"[^@]*@([\w.$]+)", part).group(1)]
         out[gv.name_hint] = sum(p.count("@__TVMBackendAllocWorkspace") for p in lambdas)
     return out
 
 
-def test_register_tiles_live_on_the_stack_not_in_a_workspace_per_iteration(monkeypatch):
-    """Every kernel on the thread pool (PAR_MIN_NS = 0), batch 2: a 1x1 int8 conv (vpmaddwd
-    tiles), a depthwise one and the fp32 conv of the same shapes allocate their register tiles on
-    the stack (ACC_SCOPE "global", under 1 KB): no TVMBackendAllocWorkspace in any parallel lambda.
-    With "local" tiles every iteration of the parallel loop called it (and FreeWorkspace) for the
-    tile and for the intrinsic's A word: fashion_mobilenet int8 at batch 8 took 1720 us against
-    1227 us (2 threads, Zen 1). The int8 results are the oracle's."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+def _pointwise_then_depthwise():
     g = Graph("q")
     x = g.add_input("x", TensorType((2, 16, 14, 14), "uint8", ACT["uint8"]))
     y = add_qconv(g, x, 64, (1, 1), act="Relu")
     g.outputs = [add_qconv(g, y, 64, (3, 3), group=64, p=(1, 1, 1, 1), act="Relu")]
-    calls = lambda_workspace_calls(lower(g, SPEC), SPEC)
+    return g
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_register_tiles_live_on_the_stack_not_in_a_workspace_per_iteration(monkeypatch, cpu):
+    """Every kernel on the thread pool (PAR_MIN_NS = 0), batch 2: a 1x1 int8 conv (dot-product
+    tiles), a depthwise one and the fp32 conv of the same shapes keep their register tiles on the
+    stack: no TVMBackendAllocWorkspace in any parallel lambda, for AVX2's tiles (ACC_SCOPE "global",
+    under TVM's 1 KB stack bound) and AVX-512's (28 zmm = 1,792 bytes: :mod:`.stack_tiles`). With a
+    workspace tile every iteration of the parallel loop called the allocator (and FreeWorkspace):
+    fashion_mobilenet int8 at batch 8 took 1720 us against 1227 us (2 threads, Zen 1)."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    spec = TargetSpec("x86", cpu=cpu)
+    calls = lambda_workspace_calls(lower(_pointwise_then_depthwise(), spec), spec)
     assert len([k for k in calls if "qlinearconv" in k]) == 2 and not any(calls.values()), calls
-    check_exact(g, {"x": qin(ACT["uint8"], (2, 16, 14, 14))}, "stack tiles")
 
     gf = Graph("f")
     xf = gf.add_input("x", TensorType((2, 16, 14, 14), "float32"))
@@ -388,20 +434,47 @@ def test_register_tiles_live_on_the_stack_not_in_a_workspace_per_iteration(monke
                       {"pads": [0, 0, 0, 0], "strides": [1, 1], "dilations": [1, 1], "group": 1,
                        "activation": "Relu", "activation_params": []})
     gf.outputs = [op.result]
-    spec = TargetSpec("x86", dtype="fp32")
+    spec = TargetSpec("x86", dtype="fp32", cpu=cpu)
     calls = lambda_workspace_calls(lower(gf, spec), spec)
     assert calls and not any(calls.values()), calls
 
 
-def test_folded_stem_packs_without_a_branch_per_element():
-    """A one-channel stem (mnistnet's 1->32 3x3, qdot.fold_taps) packs its input as q shifted
-    copies whose column bound depends on the vector lane: written as an if_then_else, TVM
-    scalarized the packing into a branch per element (a third of fashion_mobilenet's int8 stem
-    kernel in ``perf``; mnistnet int8 149 -> 140 us at 2 threads on the Zen 1 with a Select of
-    a clamped load). The stage keeps its lane-dependent choice a Select; the results are exact."""
+def test_stack_tile_kernels_bit_exact(monkeypatch):
+    """The kernels of the test above, on this host's CPU, compute the oracle's integers."""
+    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    check_exact(_pointwise_then_depthwise(), {"x": qin(ACT["uint8"], (2, 16, 14, 14))}, "stack tiles")
+
+
+def _stem():
     g = Graph("q")
     x = g.add_input("x", TensorType((1, 1, 28, 28), "uint8", ACT["uint8"]))
     g.outputs = [add_qconv(g, x, 32, (3, 3), p=(1, 1, 1, 1), act="Relu")]
-    pad = [ln for ln in conv_script(g, SPEC).splitlines() if ln.strip().startswith("pad[")]
+    return g
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_folded_stem_packs_without_a_branch_per_element(cpu):
+    """A one-channel stem (mnistnet's 1->32 3x3) folds its kernel taps into the dot product's groups
+    (qdot.fold_taps: 2 taps a vpmaddwd, 4 a vpdpbusd) and packs its input as q shifted copies whose
+    column bound depends on the vector lane: written as an if_then_else, TVM scalarized the packing
+    into a branch per element (a third of fashion_mobilenet's int8 stem kernel in ``perf``;
+    mnistnet int8 149 -> 140 us at 2 threads on the Zen 1 with a Select of a clamped load). The
+    stage keeps its lane-dependent choice a Select on every ISA; its one if_then_else is the rows'
+    padding, the same for every lane."""
+    pad = [ln for ln in conv_script(_stem(), TargetSpec("x86", cpu=cpu)).splitlines() if ln.strip().startswith("pad[")]
     assert len(pad) == 1 and "T.Select(" in pad[0] and pad[0].count("T.if_then_else(") == 1, pad
-    check_exact(g, {"x": qin(ACT["uint8"], (1, 1, 28, 28))}, "folded stem")
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_padded_input_channels_pack_with_a_select(cpu):
+    """An RGB stem (3 input channels padded to the dot product's group of 4, or 2 for pmaddwd: 4)
+    packs its padding channel, which is a choice by vector lane, with a Select too."""
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, 3, 16, 16), "uint8", ACT["uint8"]))
+    g.outputs = [add_qconv(g, x, 16, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    pad = [ln for ln in conv_script(g, TargetSpec("x86", cpu=cpu)).splitlines() if ln.strip().startswith("pad[")]
+    assert len(pad) == 1 and "T.Select(" in pad[0] and pad[0].count("T.if_then_else(") == 1, pad
+
+
+def test_folded_stem_bit_exact():
+    check_exact(_stem(), {"x": qin(ACT["uint8"], (1, 1, 28, 28))}, "folded stem")

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from qcompiler.codegen.lower import build_module, lower
-from qcompiler.codegen.target import TargetSpec
+from qcompiler.codegen.target import X86_LEVELS, TargetSpec
 from qcompiler.frontend.onnx_import import import_onnx
 from qcompiler.ir import REGISTRY, Graph, TensorType
 
@@ -262,20 +262,22 @@ def test_fused_gemm(act, params):
     check(run_tvm(g, {"a": a}), [_act_np(a @ b.T + c, act, params)], TOL["fp32"], f"FusedGemm {act}")
 
 
-def test_fused_conv_is_one_kernel():
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_fused_conv_is_one_kernel(cpu):
     g = Graph("one")
     xv = g.add_input("x", TensorType((1, 8, 6, 6), "float32"))
     zv = g.add_input("z", TensorType((1, 8, 6, 6), "float32"))
     op = g.create_op("FusedConv", [xv, g.add_const(r(8, 8, 3, 3), "w"), g.add_const(r(8), "b"), zv],
                      {"pads": [1, 1, 1, 1], "activation": "Relu"})
     g.outputs = [op.result]
-    mod = lower(g, TargetSpec("x86"))
+    mod = lower(g, TargetSpec("x86", cpu=cpu))
     prims = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert len(prims) == 1
     assert bool(mod[prims[0]].attrs["tirx.is_scheduled"])
 
 
-def test_conv_chain_fuses_epilogue_and_keeps_blocked_layout():
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_conv_chain_fuses_epilogue_and_keeps_blocked_layout(cpu):
     """Conv -> BN -> HardSwish (x*clip(x+3)/6, x used twice) -> Conv: two kernels, the first one
     writing NCHW{b}c that the second conv reads without repacking."""
     text_x = r(1, 16, 8, 8)
@@ -289,7 +291,7 @@ def test_conv_chain_fuses_epilogue_and_keeps_blocked_layout():
     t = g.create_op("Div", [t, g.add_const(np.array(6.0, np.float32), "six")]).result
     y = g.create_op("Conv", [t, g.add_const(r(16, 16, 1, 1), "w2")], {}).result
     g.outputs = [y]
-    mod = lower(g, TargetSpec("x86"))
+    mod = lower(g, TargetSpec("x86", cpu=cpu))
     prims = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert len(prims) == 2
     second = [f for n, f in prims.items() if n.startswith("k1")][0]

@@ -18,11 +18,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_x86_int8 import ACT, ISAS, add_qconv, check_exact, isa_spec, qin, strict  # noqa: E402,F401
+from test_x86_int8 import ACT, ISAS, X86_LEVELS, add_qconv, check_exact, isa_spec, qin, strict  # noqa: E402,F401
 
-from qcompiler.codegen.intrin_x86 import DotIsa  # noqa: E402
+from qcompiler.codegen.intrin_x86 import DotIsa, int8_isa  # noqa: E402
 from qcompiler.codegen.kernels import qwinograd  # noqa: E402
 from qcompiler.codegen.lower import lower  # noqa: E402
+from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.ir import Graph, TensorType  # noqa: E402
 
 RNG = np.random.default_rng(11)
@@ -78,6 +79,23 @@ def test_winograd_conv_bit_exact(strict, isa, storage, c, o, h, w, pads, act):
     g = _graph(storage, c, o, h, w, pads, act)
     assert _uses_winograd(g, spec) == (ISAS[isa][3] == "vpmaddwd")
     check_exact(g, {"x": qin(ACT[storage], (2, c, h, w))}, f"{isa} winograd {storage} {c}->{o} {h}x{w}", spec)
+
+
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_winograd_chosen_for_each_cpu(cpu):
+    """Compiled for each x86 level (no such CPU needed): the pmaddwd ones (AVX2, AVX-512 without
+    VNNI) take Winograd for a 3x3 conv and for both convs of a chain; the VNNI ones keep the direct
+    conv (vpdpbusd multiplies 4 pairs an instruction, the transformed int16 operands only 2)."""
+    spec = TargetSpec("x86", cpu=cpu)
+    want = int8_isa(spec).kind == "pmaddwd"
+    assert _uses_winograd(_graph("uint8", 32, 64, 14, 14, (1, 1, 1, 1), "Relu"), spec) == want
+    g = Graph("q")
+    x = g.add_input("x", TensorType((1, 64, 8, 8), "uint8", ACT["uint8"]))
+    y = add_qconv(g, x, 128, (3, 3), p=(1, 1, 1, 1), act="Relu")
+    g.outputs = [add_qconv(g, y, 128, (3, 3), p=(1, 1, 1, 1), act="Relu")]
+    mod = lower(g, spec)
+    convs = [mod[gv].script() for gv in mod.functions if "qlinearconv" in gv.name_hint]
+    assert len(convs) == 2 and [("wgemm" in t) for t in convs] == [want, want]
 
 
 @pytest.mark.parametrize("attrs, shape, why", [

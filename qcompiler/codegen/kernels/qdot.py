@@ -110,7 +110,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     """The int32 accumulator of a (grouped, strided, dilated, padded) convolution on dot-product
     instructions. Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
     from .conv import _attrs2d
-    if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] % isa.group == 1 and w.shape[3] > 1:
+    if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] > 1:
         x, w, a = fold_taps(x, w, a, zx, isa.group)
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
@@ -169,8 +169,11 @@ def fold_taps(x, w: np.ndarray, a, zx: int, q: int):
     with the left/right padding folded into x_q (the conv keeps its top/bottom padding), and
     width dilation q·dw. Output column o reads x_q at p = o·sw + t·q·dw, channel j, i.e. x at
     o·sw + (q·t + j)·dw - pl: the original tap q·t + j, so the sum is the same integer sum over the
-    same products in another order (exact). The extents agree, q·dw·(ceil(S/q) - 1) + 1 =
-    dw·(S - 1) + 1, when S ≡ 1 (mod q), the caller's condition. Returns (x_q, w_q, attrs)."""
+    same products in another order (exact); the taps q·t + j >= S have zero weights. The folded
+    window, q·dw·(ceil(S/q) - 1) + 1, is no wider than the original dw·(S - 1) + 1, so every
+    column the output reads lies inside x_q (as wide as the padded input; the caller's output
+    shape stands). Any S > 1 gains: ceil(S/q) dot products per row of taps instead of S (vpdpbusd,
+    q = 4, on a 3x3 stem: 1 instead of 3; vpmaddwd, q = 2: 2 instead of 3). Returns (x_q, w_q, attrs)."""
     from .conv import _attrs2d
     from .tensor import Lazy
     n, _, h, wd = x.shape
@@ -225,15 +228,21 @@ def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zeff):
     per_group = cgp // bi
 
     def body(i, cb, y, xx, ci):
+        # ci is the stage's vector lane: the padding channels (j >= cg) are a Select of a load at
+        # the clamped channel (always in bounds), since TVM scalarizes an if_then_else whose
+        # condition differs between lanes (a branch per element, as in fold_taps); the spatial
+        # padding is the same for every lane and stays an if_then_else (its load may be out of bounds)
         if cgp == cg:
-            ch, ok = cb * bi + ci, []
+            ch = cb * bi + ci
         else:
             j = (cb % per_group) * bi + ci
-            ch, ok = (cb // per_group) * cg + tirx.min(j, cg - 1), [j < cg]
-        if any(pads):
-            ok += [y >= pt, y < pt + h, xx >= pl, xx < pl + w]
+            ch = (cb // per_group) * cg + tirx.min(j, cg - 1)
         v = _to_a(isa, x.at((i, ch, y - pt, xx - pl)), x.dtype)
-        return tirx.if_then_else(tirx.all(*ok), v, fill) if ok else v
+        if cgp != cg:
+            v = tirx.Select(j < cg, v, fill)
+        if any(pads):
+            v = tirx.if_then_else(tirx.all(y >= pt, y < pt + h, xx >= pl, xx < pl + w), v, fill)
+        return v
     return compute((n, g * cgp // bi, h + pt + pb, w + pl + pr, bi), body, name="pad")
 
 
