@@ -269,7 +269,7 @@ def _in_process(number: int = 3, min_repeat_ms: int = 20):
             for bi in build_inputs:
                 try:
                     with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):
-                        rt = tvm.compile(bi.mod, target=bi.target)
+                        rt = tvm.compile(bi.mod, target=bi.target, tir_pipeline=_cpu_pipeline(bi.target))
                     key = f"qcompiler-inprocess-{len(built)}"
                     built[key] = rt.mod if hasattr(rt, "mod") else rt
                     results.append(BuilderResult(key, None))
@@ -342,6 +342,15 @@ def _normalize(func):
 
 
 # ---- timing ------------------------------------------------------------------------------------------
+def _cpu_pipeline(target) -> str:
+    """The TIR pipeline artifacts are built with (:func:`.lower.tvm_compile`): candidates and hand
+    kernels are timed as they would run (stack register tiles, claimed parallel chunks)."""
+    import tvm
+    from . import work_claiming
+    kind = tvm.target.Target(target).kind.name
+    return work_claiming.tir_pipeline() if kind == "llvm" else "default"
+
+
 def time_pairs(pairs: dict, target, repeats: int = 5, min_repeat_ms: int = 10) -> dict[str, tuple]:
     """{name: (hand PrimFunc, tuned PrimFunc)} -> {name: (hand ms, tuned ms, relative difference)}.
 
@@ -353,7 +362,7 @@ def time_pairs(pairs: dict, target, repeats: int = 5, min_repeat_ms: int = 10) -
     funcs = {f"{n}__{w}": f.with_attr("global_symbol", f"{n}__{w}")
              for n, pair in pairs.items() for w, f in zip(("hand", "tuned"), pair)}
     with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):
-        lib = tvm.compile(tvm.IRModule(funcs), target=target)
+        lib = tvm.compile(tvm.IRModule(funcs), target=target, tir_pipeline=_cpu_pipeline(target))
     lib = lib.mod if hasattr(lib, "mod") else lib
     dev, rng, out = tvm.cpu(), np.random.default_rng(0), {}
     for name, (hand, _) in pairs.items():
