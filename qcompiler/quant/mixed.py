@@ -3,7 +3,11 @@
 Runs between the float pipeline and the ``quantize`` pass (``qcompile --dtype int8``):
 
 1. ``--keep-float NAME|op:TYPE`` (a bare TYPE still works) resolved against the graph: every entry
-   must name an op or an op type, else one UserError line;
+   must name an op or an op type, else one UserError line. Names are the layers the report and the
+   selection print, after the quantize pass split fused residual blocks: NAME of a block
+   FusedConv(X, W, B, Z) is its conv, NAME_add its add (each kept float only when named), so the
+   selection's float set given back by name builds the graph the selection scored (a type keeps
+   its fused blocks whole);
 2. ``--force-int8 NAME`` overrides a keep-float *type* for that op; forcing an op the plan cannot
    make integer (Softmax, Sigmoid, Tanh, Erf/Gelu: no integer kernel, the default rule keeps them
    float) is a UserError;

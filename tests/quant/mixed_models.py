@@ -51,3 +51,41 @@ def outlier_mlp(severity: dict[str, float], seed: int = 0):
 
 def feeds(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 1, (n, N)).astype(np.float32)
+
+
+def residual_convnet(seed: int = 0):
+    """x (1x4x6x6) -> c0 FusedConv{Relu} -> c1 FusedConv(., W, B, Z = c0's output) (a residual
+    block without activation, as rapidocr-cls's Conv@11) -> c2 FusedConv(., W, B, Z = c1's
+    output){HardSwish} -> c3 FusedConv{Sigmoid} -> c4 Conv -> y (1x4x6x6): every form the quantize
+    pass splits (c1: c1 + c1_add; c2: c2 + c2_add + c2_hardswish; c3: c3 + c3_sigmoid) between
+    plain layers."""
+    rng = np.random.default_rng(seed)
+    C, S = 4, 6
+    t = f"tensor<1x{C}x{S}x{S}xf32>"
+    consts, lines = [], []
+    attrs = "dilations = [1, 1], group = 1, pads = [1, 1, 1, 1], strides = [1, 1]"
+
+    def conv(name, x, out, act=None, z=None):
+        w = rng.normal(0, 1 / np.sqrt(9 * C), (C, C, 3, 3)).astype(np.float32)
+        b = rng.normal(0, 0.2, C).astype(np.float32)
+        consts.append(f"  %{name}_w = const {_dense(w)} : tensor<{C}x{C}x3x3xf32>")
+        consts.append(f"  %{name}_b = const {_dense(b)} : tensor<{C}xf32>")
+        ins = f"%{x}, %{name}_w, %{name}_b" + (f", %{z}" if z else "")
+        if act is None:
+            lines.append(f"  %{out} = Conv({ins}) {{{attrs}}} : {t} loc(\"{name}\")")
+        else:
+            lines.append(f"  %{out} = FusedConv({ins}) {{activation = \"{act}\", activation_params = [], {attrs}}} "
+                         f": {t} loc(\"{name}\")")
+
+    conv("c0", "x", "h0", "Relu")
+    conv("c1", "h0", "h1", "", z="h0")
+    conv("c2", "h1", "h2", "HardSwish", z="h1")
+    conv("c3", "h2", "h3", "Sigmoid")
+    conv("c4", "h3", "y")
+    g = parse_graph(f"graph @resnet(%x: {t}) {{\n" + "\n".join(consts + lines) + "\n  return %y\n}")
+    g.verify()
+    return g
+
+
+def conv_feeds(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 1, (n, 4, 6, 6)).astype(np.float32)

@@ -12,7 +12,7 @@ from qcompiler.errors import UserError
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import mixed
 
-from mixed_models import outlier_mlp
+from mixed_models import conv_feeds, outlier_mlp, residual_convnet
 
 
 def tiny_onnx(path):
@@ -59,6 +59,61 @@ def test_keep_float_names_the_parts_of_a_split_residual_conv():
     by_name = {op.name: op.kind for op in g.ops}
     assert by_name["conv"] == "QLinearConv" and by_name["conv_add"] == "Add" and by_name["conv_hardswish"] == "HardSwish"
 
+
+
+def _quantized(g, opts):
+    from qcompiler.passes import PassContext, PassManager
+    PassManager("quantize", ctx=PassContext(options={"quantize": opts})).run(g)
+    return g
+
+
+def test_keep_float_by_name_builds_the_selections_graph():
+    """The selection names its float set after the quantize pass split the fused blocks (c1 is the
+    conv of the residual block c1 + c1_add) and the float set travels by name: ``--keep-float``
+    with it must build the graph the selection scored, e.g. the aarch64 build of an x86 selection
+    (tests/quant/test_sensitivity.py). Before, a block kept float by name was not split, so its
+    residual add stayed float too: rapidocr-cls with Conv@11 float read 17.17 dB held back in the
+    --keep-float build against the selection build's 19.42, the same on x86 and aarch64. For every
+    candidate alone, and for all the split blocks' convs together, the --keep-float build (as the
+    CLI runs it: mixed.plan, then the pass, which calibrates) and the selection's build (the
+    shared ranges of its one calibration) have the same ops and compute the same outputs bit for
+    bit, which are the selection's own variant's (Sensitivity.quantized)."""
+    from dataclasses import replace
+    from qcompiler.quant import reference
+    from qcompiler.quant.sensitivity import Sensitivity
+    g0 = residual_convnet()
+    opts = QuantizeOptions(calib=[{"x": conv_feeds(32, 1)}], per_channel=False, bias_correction=False)
+    x = {"x": conv_feeds(16, 2)}
+    sens = Sensitivity(g0, opts, [(x, None)])
+    assert {"c1", "c1_add", "c2", "c2_add", "c3"} <= set(sens.candidates)
+    sets = [frozenset({c}) for c in sens.candidates] + [frozenset({"c1", "c2", "c3"})]
+    for S in sets:
+        sel = g0.clone()                                   # --min-sqnr: split first, then the set float
+        o, _ = mixed.plan(sel, opts, mixed.Request())
+        _quantized(sel, replace(o, keep_float=o.keep_float | S, ranges=sens.ranges))
+        kf = g0.clone()                                    # --keep-float NAME for each name of the set
+        o, _ = mixed.plan(kf, opts, mixed.Request(keep_float=tuple(sorted(S))))
+        _quantized(kf, o)
+        assert [(op.name, op.kind) for op in kf.ops] == [(op.name, op.kind) for op in sel.ops], S
+        y_sel, y_kf = reference.run(sel, x)[0], reference.run(kf, x)[0]
+        assert np.array_equal(y_kf, y_sel), (S, float(np.abs(y_kf - y_sel).max()))
+        variant, _ = sens.quantized(S)
+        assert np.array_equal(reference.run(variant, x)[0], y_sel), S
+    kinds = {op.name: op.kind for op in kf.ops}           # the last set: c1, c2, c3 float, their parts int8
+    assert kinds["c1"] == kinds["c2"] == kinds["c3"] == "FusedConv"
+    assert kinds["c1_add"] == kinds["c2_add"] == "QLinearAdd" and kinds["c3_sigmoid"] == "Sigmoid"
+
+
+def test_keep_float_by_kind_keeps_fused_blocks_whole():
+    """``op:FusedConv`` keeps every fused block float as it is (not split: no layer of it could be
+    integer), unlike a name, which keeps that layer of the split block."""
+    g = residual_convnet()
+    opts, _ = mixed.plan(g, QuantizeOptions(calib=[{"x": conv_feeds(8, 1)}], bias_correction=False),
+                         mixed.Request(keep_float=("op:FusedConv",)))
+    _quantized(g, opts)
+    kinds = {op.name: op.kind for op in g.ops}
+    assert not any(n.endswith(("_add", "_hardswish", "_sigmoid")) for n in kinds)
+    assert [kinds[c] for c in ("c0", "c1", "c2", "c3")] == ["FusedConv"] * 4 and kinds["c4"] == "QLinearConv"
 
 def test_force_int8_checks():
     g = outlier_mlp({})

@@ -218,22 +218,35 @@ def test_rapidocr_cls_cli_min_sqnr_plain_int8_misses(cls_selection):
     _assert_int8_layers_within_1_lsb(out, lines[-8:], min_layers=40)
 
 
+def _ir_rows(rep: dict) -> list[tuple]:
+    """What report.json's layer rows say about the quantized IR and its numpy evaluation: name,
+    kind, precision, output params and range, SQNR against fp32."""
+    return [(r["name"], r["kind"], r["precision"], r.get("scale"), r.get("zero_point"), r.get("range"),
+             r.get("sqnr_db")) for r in rep["layers"]]
+
+
 @pytest.mark.qemu
 @pytest.mark.skipif(bool(_no_qemu), reason="; ".join(_no_qemu))
 def test_rapidocr_cls_selected_float_layers_on_aarch64(cls_selection, tmp_path):
     """The float set the x86 selection chose, built for aarch64 by name (``--keep-float``): the
-    same layers are float in its report, the same output SQNR on the report's held-back lines
-    (the report evaluates the quantized IR in numpy, which the target does not enter; 0.05 dB is
-    far below what one layer more or less float moves), and the artifact
-    (run under qemu-aarch64) matches its QDQ export within 1 LSB on every int8 layer."""
+    same quantized IR as the x86 selection's build, layer by layer in the two reports (kind,
+    precision, params, range, SQNR: the report evaluates the quantized IR in numpy, which the target
+    does not enter, so they are equal, not close), hence the same output SQNR on the report's
+    held-back lines, and the artifact (run under qemu-aarch64) matches its QDQ export within 1 LSB
+    on every int8 layer. The selection floats Conv@11, the conv of a split residual block (its add,
+    Conv@11_add, stays int8): before --keep-float split a block kept by name, the aarch64 build kept
+    the add float too and read 17.17 dB against 19.42 (the fast check of this is
+    tests/quant/test_mixed.py::test_keep_float_by_name_builds_the_selections_graph)."""
     rep, _, lines = cls_selection
     floats = rep["selection"]["float_layers"]
     args, _ = _cls_args(tmp_path, "arm")
     out = tmp_path / "out"
     arm_rep = _qcompile([*args, *(f for name in floats for f in ("--keep-float", name))], out, timeout=600)
+    assert arm_rep["target"] == "arm" and rep["target"] == "x86"
     assert sorted(r["name"] for r in arm_rep["layers"] if r["precision"] == "float"
                   and r["name"] in floats) == sorted(floats)
     assert arm_rep["float_layers"] == rep["float_layers"]        # and nothing else became float
-    sqnr = [r["evaluation"]["outputs"][0]["sqnr_db"] for r in (rep, arm_rep)]
-    assert sqnr[1] == pytest.approx(sqnr[0], abs=0.05), sqnr
+    diff = [(a, b) for a, b in zip(_ir_rows(rep), _ir_rows(arm_rep)) if a != b]
+    assert len(rep["layers"]) == len(arm_rep["layers"]) and not diff, diff[:3]
+    assert arm_rep["evaluation"]["outputs"] == rep["evaluation"]["outputs"]
     _assert_int8_layers_within_1_lsb(out, lines[-8:], min_layers=40)
