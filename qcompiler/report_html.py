@@ -16,8 +16,10 @@ does not mark as estimated):
   sparse or pruned weights a "weights zero" column (share of zeros, storage format), with per-layer
   costs (a budget, :mod:`qcompiler.quant.layer_cost`) an "int8 / float µs" column;
 * **warnings** (:func:`warnings_of`): layers and outputs with SQNR below 20 dB, layers kept float,
-  top-1 agreement below 99 %, accuracy lost, evaluation on calibration or random data, an int8
-  library that is not smaller than the fp32 one, an int8 layer whose kernel measured slower than float;
+  top-1 agreement below 99 %, accuracy lost, outputs that the float passes before quantize changed
+  (e.g. relu6-to-relu; :func:`qcompiler.quant.report.passes_changed`), evaluation on calibration or
+  random data, an int8 library that is not smaller than the fp32 one, an int8 layer whose kernel
+  measured slower than float;
 * **plots**, inline SVG (no script, no network): per-layer SQNR bars
 
       SQNR = 10 log10( Σ r² / Σ (dequantize(q) - r)² )  dB
@@ -104,6 +106,7 @@ def float_layers(graph) -> list[dict]:
 
 def warnings_of(report: dict) -> list[str]:
     """The warnings the data supports, most important first."""
+    from .quant.report import passes_changed
     out = []
     ev = report.get("evaluation", {})
     for r in report.get("layers", []):
@@ -115,6 +118,10 @@ def warnings_of(report: dict) -> list[str]:
         if o.get("top1_agreement") is not None and o["top1_agreement"] < AGREEMENT_WARN:
             out.append(f"output {o['name']}: top-1 agreement with fp32 {100 * o['top1_agreement']:.2f} % "
                        f"({o['top1_agree_rows']}/{o['top1_rows']}), below {100 * AGREEMENT_WARN:g} %")
+        if passes_changed(o):
+            out.append(f"output {o['name']}: the float passes before quantize changed the fp32 model "
+                       f"({o['float_passes_sqnr_db']:.1f} dB vs the model as given; relu6-to-relu, pruning and "
+                       "analytic bias correction change results); the output SQNR includes it")
     acc = ev.get("accuracy")
     if acc and acc["int8"] < acc["fp32"]:
         out.append(f"top-1 accuracy on the labels drops from {100 * acc['fp32']:.2f} % (fp32) to "
@@ -531,6 +538,7 @@ def _layer_table(report: dict) -> str:
 def render(report: dict, *, equalization: dict | None = None) -> str:
     """The report as one HTML page (UTF-8 text, no script, no external resource). ``equalization``:
     the equalize pass's report (:func:`qcompiler.quant.dfq.report`), plotted when given."""
+    from .quant.report import passes_changed
     int8 = report.get("dtype") == "int8"
     s = report.get("summary", {})
     title = f"qcompiler build report: {report.get('model') or 'model'} ({report.get('dtype', '?')}, " \
@@ -567,6 +575,8 @@ def render(report: dict, *, equalization: dict | None = None) -> str:
                 if "top1_agreement" in o:
                     t += (f", top-1 agreement with fp32 {100 * o['top1_agreement']:.2f} % "
                           f"({o['top1_agree_rows']}/{o['top1_rows']})")
+                if passes_changed(o):
+                    t += f"; the float passes before quantize alone: {o['float_passes_sqnr_db']:.2f} dB"
                 info.append([f"output {_e(o['name'])}", _e(t)])
             if "accuracy" in ev:
                 info.append(["top-1 accuracy", _e(f"fp32 {100 * ev['accuracy']['fp32']:.2f} %, "

@@ -31,19 +31,35 @@ reals): ORT's U8S8 kernels on x86 CPUs without VNNI (AVX2 only, e.g. AMD Zen 3) 
 products in int16 and were measured 53 LSB off the exact result; its U8U8 kernels are exact
 (``export_qdq(uint8_weights=True)``). A ``--qdq`` file is run as given.
 
-Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_OUTPUT_SHARE`): every compared layer alone within 1 LSB and
-at least 99.9 % of the elements of every final output within 1 LSB (a float output made by
-DequantizeLinear is measured in the steps of its quantized operand). An output made by a float
-layer (a mixed-precision build whose last layers are kept float) is measured, in the steps of the
-nearest quantized value it is computed from, with that layer's kernel alone on ONNX Runtime's
-inputs, as the int8 layers are; its end-to-end difference is the row's chained figure (a float
-layer can turn one upstream LSB into several). Exit code 0 when it passes, 1
-when it does not, 2 on bad input.
+Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_LAYER_EXACT`, :data:`MIN_OUTPUT_SHARE`), every figure
+measured with our kernels *alone* on ONNX Runtime's inputs, so that it measures our kernels and not
+ORT's rounding carried through the network:
+
+* every compared layer within 1 LSB, and at least 99 % of its elements exact (ORT's float
+  requantization disagrees near .5 on about 1e-5 of the values; a kernel with a wrong rounding,
+  zero point or bias is off on far more);
+* every final output, made by its kernel alone, at least 99.9 % of its elements within 1 LSB (a
+  float output made by DequantizeLinear in the steps of its quantized operand; one made by a float
+  layer, a mixed-precision build whose last layers are kept float, in the steps of the nearest
+  quantized value it is computed from);
+* ``main``'s outputs equal, bit for bit, the values of the same kernels chained by ``debug``: the
+  deployed function computes what was checked layer by layer.
+
+The end-to-end difference of each output (``main`` against ORT from the same model input) is the
+row's chained figure and the verdict's last clause, informational like the layers' chained column:
+where ORT rounds a value the wrong way (fashion_mobilenet per tensor, 744 images: 22 values of one
+QLinearAdd whose exact requantized value is 119.4999976, which ORT's float32 arithmetic rounds up
+to 120, and 6 of a conv, 3.1e-6 from the .5 boundary; the artifact's are the correctly rounded
+ones), the layers after it carry the difference on, and depthwise convs and squeeze-excite gates
+widen it: there 3 LSB at the logits, 99.87 % within 1 LSB. An output that is no stored value of
+the debug functions is measured end to end only. Exit code 0 when it passes, 1 when it does not,
+2 on bad input.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -58,6 +74,7 @@ from .runtime.batches import _plan, load_inputs, name_inputs
 from .runtime.manifest import TensorSpec, read_manifest, sha256_file
 
 MAX_LAYER_LSB = 1
+MIN_LAYER_EXACT = 0.99
 MIN_OUTPUT_SHARE = 0.999
 PROBE_SOURCE = Path(__file__).with_name("verify_probe.cc")
 
@@ -68,11 +85,13 @@ class Row:
     name: str
     kind: str                     # producer op kind in the quantized IR
     scale: float                  # the quantization step (first one of a per-axis scale)
-    max_lsb: float | None         # alone (layers) / end to end (outputs); None: not in the QDQ model
+    max_lsb: float | None         # alone (outputs without a debug value: end to end); None: not in the QDQ model
     exact: float = 0.0            # share of elements with no difference
     within1: float = 0.0          # share of elements within 1 LSB
-    chain_max_lsb: float | None = None   # layers: the same value after the whole chain (drift)
+    chain_max_lsb: float | None = None   # the same value after the whole chain (drift; outputs: main's)
     elements: int = 0
+    chain_within1: float | None = None   # outputs: share within 1 LSB end to end (informational)
+    main_is_chain: bool | None = None    # outputs: main's output equals debug's chained value bit for bit
 
 
 @dataclass
@@ -93,17 +112,23 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return (all(r.max_lsb <= MAX_LAYER_LSB for r in self.compared)
-                and all(r.within1 >= MIN_OUTPUT_SHARE for r in self.outputs))
+        return (all(r.max_lsb <= MAX_LAYER_LSB and r.exact >= MIN_LAYER_EXACT for r in self.compared)
+                and all(r.within1 >= MIN_OUTPUT_SHARE and r.main_is_chain is not False for r in self.outputs))
 
     def verdict(self) -> str:
         worst = max((r.max_lsb for r in self.compared), default=0.0)
+        exact = min((r.exact for r in self.compared), default=1.0)
         share = min((r.within1 for r in self.outputs), default=1.0)
+        e2e = [r.chain_within1 for r in self.outputs if r.chain_within1 is not None]
+        differ = [r.name for r in self.outputs if r.main_is_chain is False]
         missing = len(self.layers) - len(self.compared)
         return (f"{'PASS' if self.passed else 'FAIL'}: {len(self.compared)} layers alone within {_num(worst)} LSB "
-                f"(need <= {MAX_LAYER_LSB}); {100 * share:.3f} % of output elements within 1 LSB "
-                f"(need >= {100 * MIN_OUTPUT_SHARE:.1f} %)" + (f"; {missing} layers not in the QDQ model"
-                                                                if missing else ""))
+                f"(need <= {MAX_LAYER_LSB}), >= {math.floor(1e5 * exact) / 1e3:.3f} % exact "
+                f"(need >= {100 * MIN_LAYER_EXACT:g} %); "
+                f"{100 * share:.3f} % of output elements within 1 LSB (need >= {100 * MIN_OUTPUT_SHARE:.1f} %)"
+                + (f"; main differs from its kernels chained: {', '.join(differ)}" if differ else "")
+                + (f"; {missing} layers not in the QDQ model" if missing else "")
+                + (f"; end to end (drift, informational): {100 * min(e2e):.3f} % within 1 LSB" if e2e else ""))
 
     def table(self) -> str:
         w = max([24] + [len(r.name) for r in self.layers + self.outputs])
@@ -111,8 +136,8 @@ class Report:
                 f"{'chained':>7}")
         lines = [f"artifact {self.artifact} ({self.family}, int8) run on {self.runner}; {self.samples} samples",
                  f"ONNX Runtime {self.ort}; QDQ model: {self.qdq}",
-                 "layers: each kernel alone on ONNX Runtime's inputs (max LSB, exact, <=1 LSB) and chained "
-                 "end to end (max LSB); outputs: end to end", head, "-" * len(head)]
+                 "layers and outputs: each kernel alone on ONNX Runtime's inputs (max LSB, exact, <=1 LSB) and "
+                 "chained end to end (max LSB)", head, "-" * len(head)]
         for r in self.layers + [None] + self.outputs:
             if r is None:
                 lines.append("-" * len(head))
@@ -127,7 +152,8 @@ class Report:
         d = asdict(self)
         d.pop("main_outputs")
         d.update(passed=self.passed, verdict=self.verdict(),
-                 acceptance={"max_layer_lsb": MAX_LAYER_LSB, "min_output_share_within_1_lsb": MIN_OUTPUT_SHARE})
+                 acceptance={"max_layer_lsb": MAX_LAYER_LSB, "min_layer_share_exact": MIN_LAYER_EXACT,
+                             "min_output_share_within_1_lsb": MIN_OUTPUT_SHARE})
         return d
 
 
@@ -452,19 +478,21 @@ def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
                             "in quantization steps", str(out), "verify a model whose outputs are quantized")
         ours = np.stack([r[k] for r in got["main"]])
         report.main_outputs[s.name] = ours
-        end_to_end = _stats(lsb_diff(ours, theirs[s.name].reshape(ours.shape), qp))
+        e2e = lsb_diff(ours, theirs[s.name].reshape(ours.shape), qp)
         j = next((j for j, d in enumerate(dbg) if d["name"] == s.name), None)
-        if _float_tail(v) and j is not None:
-            # made by a float layer (a float island at the end): its kernel alone on ORT's inputs,
-            # like the int8 layers; end to end (upstream 1-LSB differences amplified by the float
-            # layer) as the chained figure
-            mx, exact, within = _stats(lsb_diff(alone[j].reshape(ours.shape), theirs[s.name].reshape(ours.shape), qp))
-            report.outputs.append(Row(f"output {s.name} (float layer alone)", v.producer.kind, _scale(qp),
-                                      mx, exact, within, end_to_end[0], int(ours.size)))
+        if j is None:                                  # no stored value to run alone: end to end only
+            mx, exact, within = _stats(e2e)
+            report.outputs.append(Row(f"output {s.name}", v.producer.kind if v.producer else "input", _scale(qp),
+                                      mx, exact, within, None, int(ours.size)))
             continue
-        mx, exact, within = end_to_end
-        report.outputs.append(Row(f"output {s.name}", v.producer.kind if v.producer else "input", _scale(qp),
-                                  mx, exact, within, None, int(ours.size)))
+        # the kernel that makes the output, alone on ORT's inputs, as the layers are measured; end to end
+        # (upstream 1-LSB differences carried on and widened by the layers after them): the chained figures
+        mx, exact, within = _stats(lsb_diff(alone[j].reshape(ours.shape), theirs[s.name].reshape(ours.shape), qp))
+        e2e_max, _, e2e_within = _stats(e2e)
+        label = f"output {s.name} (float layer alone)" if _float_tail(v) else f"output {s.name}"
+        report.outputs.append(Row(label, v.producer.kind if v.producer else "input", _scale(qp), mx, exact, within,
+                                  e2e_max, int(ours.size), chain_within1=e2e_within,
+                                  main_is_chain=bool(np.array_equal(chained[j].reshape(ours.shape), ours))))
     return report
 
 
