@@ -5,6 +5,7 @@ A :class:`TargetSpec` names the family (x86, arm, cuda) and turns into the TVM t
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..errors import UserError
@@ -81,7 +82,12 @@ class TargetSpec:
 
 
 def host_cpu() -> str:
-    """LLVM's name for this machine's CPU (e.g. znver3)."""
+    """LLVM's name for this machine's CPU (e.g. znver3), what a build without ``--cpu`` targets.
+    ``QCOMPILER_HOST_CPU`` names another (a CPU whose code this machine runs): the test suite run
+    with ``QCOMPILER_HOST_CPU=x86-64-v3`` on an AVX-512 host builds and runs as an AVX2 host would."""
+    override = os.environ.get("QCOMPILER_HOST_CPU", "").strip()
+    if override:
+        return override
     import tvm
     f = tvm.get_global_func("codegen.llvm_get_system_cpu", allow_missing=True) if hasattr(tvm, "get_global_func") else None
     if f is not None:

@@ -668,3 +668,13 @@ def test_fashion_mobilenet_int8_end_to_end():
     acc_int8 = float(np.mean(int8.argmax(1) == labels[500:]))
     print(f"fashion_mobilenet top-1: fp32 {acc_fp32:.4f}  int8 (TVM x86) {acc_int8:.4f}")
     assert abs(acc_fp32 - acc_int8) <= 0.005 + 1e-9
+
+
+def test_host_cpu_override_builds_as_that_cpu_would(monkeypatch):
+    """QCOMPILER_HOST_CPU=x86-64-v3 (how the suite emulates an AVX2 host on an AVX-512 one): a build
+    for the host targets that CPU, takes its int8 path (vpmaddwd on ymm), and the kernel it
+    compiles runs here and computes the oracle's integers."""
+    monkeypatch.setenv("QCOMPILER_HOST_CPU", "x86-64-v3")
+    spec = TargetSpec("x86")
+    assert spec.host_tvm["mcpu"] == "x86-64-v3" and str(int8_isa(spec)) == "pmaddwdx8"
+    check_exact(_int32_epilogue_conv(), {"x": qin(U8, (1, 16, 6, 6))}, "x86-64-v3 as the host", spec)
