@@ -52,11 +52,15 @@ REGISTRY: dict[str, PassInfo] = {}
 #               transpose chains; recognize the decomposed HardSwish
 #   dce         remove what the two above left unused
 #   cse         merge equal constants and equal ops
+#   fold-pad    fold constant spatial Pad ops (TF exporters' SAME padding) into the padding of the
+#               Conv/FusedConv, MaxPool or AveragePool consuming them (before fold-bn and fuse-act,
+#               so the convs they fold and fuse already carry the padding)
 #   fold-bn     fold BatchNormalization and per-channel Mul/Add constants into Conv/Gemm weights
 #               (recording the BN statistics in graph.meta["bn_stats"]), lower the rest to Mul+Add
 #   fuse-act    MatMul+bias -> Gemm; fuse residual adds and activations into FusedConv/FusedGemm
 #   dce         final clean-up
-DEFAULT_PIPELINE: list[str] = ["const-fold", "simplify", "dce", "cse", "fold-bn", "fuse-act", "dce"]
+DEFAULT_PIPELINE: list[str] = ["const-fold", "simplify", "dce", "cse", "fold-pad", "fold-bn", "fuse-act",
+                               "dce"]
 
 
 def register_pass(name: str, options: type | None = None) -> Callable[[PassFn], PassFn]:
