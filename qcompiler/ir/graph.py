@@ -23,6 +23,64 @@ class IRError(Exception):
     """Misuse of the IR API or an IR that fails verification; the message names the op."""
 
 
+class UseList:
+    """A value's uses, ``(op, operand index)`` pairs in the order they were made, with the list
+    operations passes and tests use (iteration, ``len``, indexing, ``in``, ``append``, ``remove``,
+    ``clear``, ``==`` with a list). Backed by an insertion-ordered dict, so ``remove`` and ``in``
+    cost O(1) instead of a scan of the list: rewiring or erasing the n users of a constant shared
+    by n ops stays linear."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: Iterable[tuple["Op", int]] = ()):
+        self._d: dict[tuple[Op, int], None] = dict.fromkeys(items)
+
+    def append(self, use: tuple["Op", int]) -> None:
+        self._d.pop(use, None)           # a list would hold it twice; a use is one operand slot
+        self._d[use] = None
+
+    def remove(self, use: tuple["Op", int]) -> None:
+        try:
+            del self._d[use]
+        except KeyError:
+            raise ValueError(f"{use!r} is not in the use list") from None
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __contains__(self, use) -> bool:
+        try:
+            return use in self._d
+        except TypeError:
+            return False
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __bool__(self) -> bool:
+        return bool(self._d)
+
+    def __getitem__(self, i):
+        if i == 0 and self._d and not isinstance(i, slice):
+            return next(iter(self._d))
+        return list(self._d)[i]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, UseList):
+            return list(self._d) == list(other._d)
+        if isinstance(other, (list, tuple)):
+            return list(self._d) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(list(self._d))
+
+
 class Value:
     """An SSA value: a graph input, a constant (``data`` set) or an op result."""
 
@@ -34,7 +92,7 @@ class Value:
         self.type = type
         self.producer = producer          # the Op defining it, None for inputs and constants
         self.data = data                  # numpy array for constants
-        self.uses: list[tuple[Op, int]] = []
+        self.uses: UseList = UseList()
         self.graph: Graph | None = None
 
     @property
@@ -151,7 +209,11 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.consts: dict[str, Value] = {}        # name -> constant value, in insertion order
+        # the ops in topological order; erase_op leaves a tombstone (the op, its graph cleared) that
+        # the next full read drops (_live), so erasing k ops costs O(k) and one O(n) compaction,
+        # not a list.remove scan each (O(n^2) for dce erasing a dead chain back to front)
         self._ops: list[Op] = []
+        self._dead = 0
         self._names: dict[str, Value] = {}
         self._op_names: set[str] = set()
         self._counter = itertools.count()
@@ -253,7 +315,17 @@ class Graph:
             self._ops.append(op)
         return op
 
+    def _live(self) -> list[Op]:
+        """``_ops`` without tombstones of erased ops."""
+        if self._dead:
+            self._ops = [o for o in self._ops if o.graph is self]
+            self._dead = 0
+        return self._ops
+
     def _index(self, op: Op) -> int:
+        # an index into _ops as it stands (tombstones included): inserting there keeps the order
+        if op.graph is not self:
+            raise IRError(f"{op.describe()} is not in graph '{self.name}'")
         try:
             return self._ops.index(op)
         except ValueError:
@@ -266,8 +338,10 @@ class Graph:
             if r.uses or any(o is r for o in self.outputs):
                 users = ", ".join(u.describe() for u in r.users) or "a graph output"
                 raise IRError(f"cannot erase {op.describe()}: its result %{r.name} is still used by {users}")
+        if op.graph is not self:
+            raise IRError(f"{op.describe()} is not in graph '{self.name}'")
         op._drop_operands()
-        self._ops.remove(op)
+        self._dead += 1                   # its tombstone stays in _ops until the next _live()
         for r in op.results:
             del self._names[r.name]
             r.graph = None
@@ -297,25 +371,26 @@ class Graph:
     @property
     def ops(self) -> list[Op]:
         """The ops in topological order (a copy: safe to mutate the graph while iterating)."""
-        return list(self._ops)
+        return list(self._live())
 
     def __iter__(self) -> Iterator[Op]:
-        return iter(list(self._ops))
+        return iter(list(self._live()))
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return len(self._ops) - self._dead
 
     def values(self) -> Iterable[Value]:
         return self._names.values()
 
     def find_ops(self, kind: str) -> list[Op]:
-        return [op for op in self._ops if op.kind == kind]
+        return [op for op in self._live() if op.kind == kind]
 
     def toposort(self) -> None:
         """Re-establish topological order (stable: keeps the current order where it is legal).
 
         Raises IRError naming an op on a cycle."""
         import networkx as nx
+        self._live()
         pos = {op: i for i, op in enumerate(self._ops)}
         g = nx.DiGraph()
         g.add_nodes_from(self._ops)
@@ -333,7 +408,7 @@ class Graph:
         """A networkx DiGraph of ops (nodes) with an edge per producer -> consumer value."""
         import networkx as nx
         g = nx.MultiDiGraph()
-        g.add_nodes_from(self._ops)
+        g.add_nodes_from(self._live())
         for op in self._ops:
             for v in op._operands:
                 if v.producer is not None:
@@ -343,7 +418,7 @@ class Graph:
     # -- summaries ------------------------------------------------------------------------------
     def op_histogram(self) -> dict[str, int]:
         hist: dict[str, int] = {}
-        for op in self._ops:
+        for op in self._live():
             hist[op.kind] = hist.get(op.kind, 0) + 1
         return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
 

@@ -52,8 +52,40 @@ def infer_types(kind: str, types: Sequence[TensorType], attrs: dict, datas: Sequ
     lo, hi = d.num_operands
     if not lo <= len(types) <= hi:
         raise InferError(f"{kind} takes {lo}..{hi} operands, got {len(types)}")
+    key = _infer_key(kind, types, attrs)
+    if key is not None:
+        hit = _INFER_CACHE.get(key)
+        if hit is not None:
+            return list(hit)
     full = {**d.defaults, **attrs}
-    return d.infer(list(types), full)
+    out = d.infer(list(types), full)
+    if key is not None:
+        if len(_INFER_CACHE) >= 8192:
+            _INFER_CACHE.clear()
+        _INFER_CACHE[key] = tuple(out)
+    return out
+
+
+# Inference is a pure function of (kind, operand types, attributes) (``datas`` is not passed to it),
+# and is run for every op at creation and again by every verify (after each pass): memoized on
+# that key when the attributes are hashable (type-tagged, so 1, 1.0 and True stay apart). A graph has
+# few distinct keys, so this turns the verifier's per-op inference into a dict lookup.
+_INFER_CACHE: dict[tuple, tuple] = {}
+
+
+def _frozen(v):
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(_frozen(x) for x in v))
+    return (type(v), v)
+
+
+def _infer_key(kind: str, types: Sequence[TensorType], attrs: dict):
+    try:
+        key = (kind, tuple(types), tuple((k, _frozen(v)) for k, v in attrs.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -61,11 +93,26 @@ def _same(ts, a):
     return [TensorType(ts[0].shape, ts[0].dtype)]
 
 
+_BROADCAST_CACHE: dict[tuple, tuple[int, ...]] = {}
+
+
 def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    # memoized: every elementwise op is inferred at creation and again by each verify, and a graph
+    # has few distinct shape pairs (np.broadcast_shapes costs ~7 us a call)
     try:
-        return tuple(np.broadcast_shapes(*shapes))
+        key = tuple(tuple(s) for s in shapes)
+        hit = _BROADCAST_CACHE.get(key)
+    except TypeError:                 # not iterable / unhashable: let numpy judge it
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    try:
+        out = tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         raise InferError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+    if key is not None and len(_BROADCAST_CACHE) < 4096:
+        _BROADCAST_CACHE[key] = out
+    return out
 
 
 def _binary(ts, a):

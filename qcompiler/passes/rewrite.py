@@ -157,12 +157,21 @@ def rewrite(graph: Graph, rules: Sequence[Rule], *, max_iters: int = 100,
             trace: list | None = None) -> bool:
     """Apply ``rules`` until none fires; return whether the graph changed."""
     changed_any = False
+    # the rules whose root pattern can match an op of each kind, in table order: a sweep tries an
+    # op against those only (the others fail on the kind at once), not against the whole table
+    # (a root pattern without ``kinds``, e.g. a custom Pattern, is tried on every op)
+    rules = list(rules)
+    by_kind: dict[str, list[Rule]] | None = None
+    if all(isinstance(getattr(r[0], "kinds", None), tuple) for r in rules):
+        by_kind = {k: [] for r in rules for k in r[0].kinds}
+        for k, lst in by_kind.items():
+            lst.extend(r for r in rules if k in r[0].kinds)
     for _ in range(max_iters):
         changed = False
         for op in graph.ops:
             if op.graph is not graph:
                 continue                      # erased by an earlier rewrite in this sweep
-            for pattern, fn in rules:
+            for pattern, fn in (rules if by_kind is None else by_kind.get(op.kind, ())):
                 m = match(pattern, op)
                 if m is None:
                     if trace is not None and op.kind in pattern.kinds:
