@@ -209,10 +209,15 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.consts: dict[str, Value] = {}        # name -> constant value, in insertion order
-        # the ops in topological order; erase_op leaves a tombstone (the op, its graph cleared) that
-        # the next full read drops (_live), so erasing k ops costs O(k) and one O(n) compaction,
-        # not a list.remove scan each (O(n^2) for dce erasing a dead chain back to front)
-        self._ops: list[Op] = []
+        # The ops in topological order, kept so that an edit costs O(1) and a full read O(n) once
+        # after any number of edits (a list.index / list.remove scan per edit made a pass that
+        # edits every op O(n^2)): erase_op leaves a tombstone (the op, its graph cleared) and
+        # create_op(before=A / after=A) files the op under its anchor; _live() rebuilds the list,
+        # each pending op immediately before / after its anchor exactly as list.insert would have.
+        self._op_list: list[Op] = []
+        self._before: dict[Op, list[Op]] = {}
+        self._after: dict[Op, list[Op]] = {}
+        self._pending = 0
         self._dead = 0
         self._names: dict[str, Value] = {}
         self._op_names: set[str] = set()
@@ -308,28 +313,52 @@ class Graph:
         self._op_names.add(op.name)
         op.graph = self
         if before is not None:
-            self._ops.insert(self._index(before), op)
+            self._check_anchor(before)
+            self._before.setdefault(before, []).append(op)
+            self._pending += 1
         elif after is not None:
-            self._ops.insert(self._index(after) + 1, op)
+            self._check_anchor(after)
+            self._after.setdefault(after, []).append(op)
+            self._pending += 1
         else:
-            self._ops.append(op)
+            self._op_list.append(op)
         return op
 
-    def _live(self) -> list[Op]:
-        """``_ops`` without tombstones of erased ops."""
-        if self._dead:
-            self._ops = [o for o in self._ops if o.graph is self]
-            self._dead = 0
-        return self._ops
-
-    def _index(self, op: Op) -> int:
-        # an index into _ops as it stands (tombstones included): inserting there keeps the order
+    def _check_anchor(self, op: Op) -> None:
         if op.graph is not self:
             raise IRError(f"{op.describe()} is not in graph '{self.name}'")
-        try:
-            return self._ops.index(op)
-        except ValueError:
-            raise IRError(f"{op.describe()} is not in graph '{self.name}'") from None
+
+    @property
+    def _ops(self) -> list[Op]:
+        """The op list itself, pending edits applied (mutating it edits the graph's order)."""
+        return self._live()
+
+    @_ops.setter
+    def _ops(self, ops: list[Op]) -> None:
+        self._op_list = list(ops)
+        self._before, self._after = {}, {}
+        self._pending = self._dead = 0
+
+    def _live(self) -> list[Op]:
+        """Apply the pending edits to the op list (O(n + edits)) and return it."""
+        if not (self._pending or self._dead):
+            return self._op_list
+        before, after, out = self._before, self._after, []
+        for base in self._op_list:
+            # expand base: [ops before it (in creation order, each expanded), base,
+            # ops after it (the latest first, as repeated list.insert(i + 1) leaves them)]
+            stack = [(True, base)]
+            while stack:
+                expand, op = stack.pop()
+                if not expand:
+                    if op.graph is self:
+                        out.append(op)
+                    continue
+                stack.extend((True, o) for o in after.get(op, ()))
+                stack.append((False, op))
+                stack.extend((True, o) for o in reversed(before.get(op, ())))
+        self._ops = out
+        return self._op_list
 
     # -- mutation -------------------------------------------------------------------------------
     def erase_op(self, op: Op) -> None:
@@ -341,7 +370,7 @@ class Graph:
         if op.graph is not self:
             raise IRError(f"{op.describe()} is not in graph '{self.name}'")
         op._drop_operands()
-        self._dead += 1                   # its tombstone stays in _ops until the next _live()
+        self._dead += 1                   # its tombstone stays in the list until the next _live()
         for r in op.results:
             del self._names[r.name]
             r.graph = None
@@ -377,7 +406,7 @@ class Graph:
         return iter(list(self._live()))
 
     def __len__(self) -> int:
-        return len(self._ops) - self._dead
+        return len(self._op_list) + self._pending - self._dead
 
     def values(self) -> Iterable[Value]:
         return self._names.values()
@@ -390,7 +419,6 @@ class Graph:
 
         Raises IRError naming an op on a cycle."""
         import networkx as nx
-        self._live()
         pos = {op: i for i, op in enumerate(self._ops)}
         g = nx.DiGraph()
         g.add_nodes_from(self._ops)

@@ -95,3 +95,39 @@ def test_quant_params_validate_and_print_like_mlir():
         QuantParams("int8", (0.0,), (0,))
     with pytest.raises(ValueError, match="stores int8 but element dtype is uint8"):
         TensorType((4,), "uint8", QuantParams("int8", (0.1,), (0,)))
+
+
+def test_anchored_inserts_and_erases_keep_list_insert_order():
+    """create_op(before=/after=) and erase_op are O(1) edits applied at the next read; the order
+    read back is the one list.insert / list.remove would have made, for any mix of edits."""
+    import random
+    rng = random.Random(33)
+    for trial in range(30):
+        g = Graph("g")
+        x = g.add_input("x", TensorType((4,), F))
+        ref = []                                  # the order list.insert / list.remove make
+        for step in range(60):
+            live = [o for o in ref if not any(r.uses for r in o.results)]
+            r = rng.random()
+            if ref and r < 0.35:
+                anchor = rng.choice(ref)
+                op = g.create_op("Relu", [x], before=anchor)
+                ref.insert(ref.index(anchor), op)
+            elif ref and r < 0.7:
+                anchor = rng.choice(ref)
+                op = g.create_op("Relu", [x], after=anchor)
+                ref.insert(ref.index(anchor) + 1, op)
+            elif live and r < 0.85:
+                op = rng.choice(live)
+                g.erase_op(op)
+                ref.remove(op)
+            else:
+                op = g.create_op("Relu", [x])
+                ref.append(op)
+            assert len(g) == len(ref)
+            if rng.random() < 0.2:                # reads in between apply the edits so far
+                assert g.ops == ref
+        assert g.ops == ref and list(g) == ref
+        g.verify()
+    with pytest.raises(IRError, match="not in graph"):
+        g.create_op("Relu", [x], before=Graph("other").create_op("Relu", [Graph("o").add_input("y", TensorType((4,), F))]))
