@@ -146,6 +146,19 @@ class TensorType:
             if msg:
                 raise ValueError(msg)
 
+    def __hash__(self) -> int:
+        # the dataclass hash, computed once: types key the inference cache (qcompiler.ir.ops),
+        # hashed for every op at creation and by every verify
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.shape, self.dtype, self.quant))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        # not the cached hash: str hashes differ from one process to the next
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def rank(self) -> int:
         return len(self.shape)

@@ -62,6 +62,7 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
         defined.add(id(v))
     for op in g.ops:
         where = _Where(op)                # formatted only when a message is
+        d = REGISTRY.get(op.kind)
         if op.graph is not g and err(f"{where} does not belong to graph '{g.name}'"):
             return errs
         for i, v in enumerate(op._operands):
@@ -80,7 +81,6 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
             if r.name in names and err(f"{where}: value name %{r.name} defined twice"):
                 return errs
             names.add(r.name)
-            d = REGISTRY.get(op.kind)
             if d is not None and d.quantized_result and r.type.quant is None and err(
                     f"{where}: result %{r.name} must have a quantized type, got {r.type}"):
                 return errs
@@ -88,10 +88,9 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
                 msg = r.type.quant.check_shape(r.type.shape)
                 if msg and err(f"{where}: result %{r.name}: {msg}"):
                     return errs
-        d = REGISTRY.get(op.kind)
         if d is not None and d.infer is not None:
             try:
-                expect = infer_types(op.kind, [v.type for v in op.operands], op.attrs)
+                expect = infer_types(op.kind, [v.type for v in op._operands], op.attrs)
             except (InferError, KeyError, TypeError, IndexError, ValueError) as e:
                 if err(f"{where}: {e}"):
                     return errs
