@@ -73,7 +73,26 @@ def import_onnx(src: "str | os.PathLike | onnx.ModelProto",
     b.g.meta["producer"] = model.producer_name
     b.g.meta["producer_version"] = model.producer_version
     b.g.verify()
+    _check_sizes(b.g, where)
     return b.g
+
+
+MAX_ELEMENTS = 2 ** 31 - 1
+"""The most elements a tensor may have: the kernels index tensors with int32 (TVM's default index
+type), and a larger one failed deep in TVM ("Literal value 40000000000 exceeds range of int32")."""
+
+
+def _check_sizes(g: Graph, where: str) -> None:
+    """One UserError line for the first tensor of ``g`` past :data:`MAX_ELEMENTS` (an
+    ``--input-shape`` too large for the model, or a model whose own static shapes are)."""
+    for v in g.values():
+        n = int(np.prod(v.type.shape, dtype=object))
+        if n > MAX_ELEMENTS:
+            made = (f"made by {v.producer.kind} '{v.producer.name}'" if v.producer is not None
+                    else "a model input" if v in g.inputs else "a constant")
+            raise UserError(f"tensor '{v.name}' ({made}) would have shape {_fmt_shape(v.type.shape)}: {n:,} elements, "
+                            f"more than the {MAX_ELEMENTS:,} a kernel can index", where,
+                            "give smaller --input-shape dimensions")
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:

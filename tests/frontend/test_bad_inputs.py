@@ -110,6 +110,10 @@ def bad(tmp_path, case):
         return conv_model(), {"x": (1, 3, 4, 4)}
     if case == "input_shapes nonpositive":
         return conv_model(x_dims=("N", 2, "H", "W")), {"x": (1, 2, 0, 4)}
+    if case == "input_shapes too large":           # 2^31 elements and more: past the kernels' int32 index
+        return conv_model(x_dims=("N", 2, "H", "W")), {"x": (1, 2, 200000, 200000)}
+    if case == "intermediate too large":           # x fits (1.8 G elements), the conv's 3-channel output not
+        return conv_model(x_dims=("N", 2, "H", "W")), {"x": (1, 2, 30000, 30000)}
     if case == "zero-size dim":
         return conv_model(x_dims=(1, 2, 0, 4)), None
     if case == "external outside folder":
@@ -206,6 +210,10 @@ CASES = {   # case -> what the message must say
     "training batchnorm": r"node BatchNormalization 'bn': training_mode=1.*eval/inference mode",
     "shapes do not fit": r"ONNX shape inference failed: .*Reshape",
     "string input": r"input 'x': has unsupported element type STRING",
+    "input_shapes too large": r"tensor 'x' \(a model input\) would have shape 1x2x200000x200000: "
+                              r"80,000,000,000 elements, more than the 2,147,483,647",
+    "intermediate too large": r"tensor 'c' \(made by Conv 'conv1'\) would have shape 1x3x30000x30000: "
+                              r"2,700,000,000 elements",
 }
 
 
