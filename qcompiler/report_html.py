@@ -92,15 +92,14 @@ def compile_data(graph, pm, *, model: str, target: str, dtype: str, ops_before: 
 
 
 def float_layers(graph) -> list[dict]:
-    """One row per op of a float graph: name, kind, output shape and dtype."""
+    """One row per op result of a float graph: name, kind, output shape and dtype (an op with
+    several results, e.g. Split, has a row for each)."""
     rows = []
     for op in graph.ops:
-        if not op.results:
-            continue
-        v = op.result
-        rows.append({"name": op.name, "kind": op.kind, "value": v.name,
-                     "shape": list(v.type.shape) if v.type.shape is not None else None,
-                     "precision": str(v.type.dtype)})
+        for v in op.results:
+            rows.append({"name": op.name, "kind": op.kind, "value": v.name,
+                         "shape": list(v.type.shape) if v.type.shape is not None else None,
+                         "precision": str(v.type.dtype)})
     return rows
 
 

@@ -202,8 +202,27 @@ def _conv(b, n, a):
     if "kernel_shape" in a and list(a["kernel_shape"]) != kernel:
         raise b.fail(n, f"kernel_shape {a['kernel_shape']} does not match the weight's {kernel}", "fix the model")
     s, d, p = _window(b, n, a, x, kernel)
-    ops = [x, w] + ([b.val(n.input[2])] if _opt(n, 2) else [])
-    b.emit(n, "Conv", ops, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
+    bias = [b.val(n.input[2])] if _opt(n, 2) else []
+    if x.type.rank == 3:
+        _conv1d_as_2d(b, n, x, w, bias, s, d, p, int(a.get("group", 1)))
+        return
+    b.emit(n, "Conv", [x, w] + bias, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
+
+
+def _conv1d_as_2d(b, n, x, w, bias, s, d, p, group):
+    """A 1-D convolution (N, C, L) as the 2-D one over (N, C, 1, L) with a 1 x k kernel, between an
+    Unsqueeze and a Squeeze of axis 2: every backend lowers 2-D convolutions, and the quantizer and
+    the conv passes (BN folding, activation fusion, padding folding) see an ordinary Conv."""
+    wc = b.const(n.input[1])
+    if wc is not None:
+        w2 = b.g.add_const(np.ascontiguousarray(wc[:, :, None, :]), b.fresh(f"{n.input[1]}/2d"))
+    else:
+        w2 = b.aux(n, "Unsqueeze", [w], {"axes": [2]}, "weight_2d")
+    x2 = b.aux(n, "Unsqueeze", [x], {"axes": [2]}, "input_2d")
+    y2 = b.aux(n, "Conv", [x2, w2] + bias, {"strides": [1, s[0]], "dilations": [1, d[0]],
+                                            "pads": [0, p[0], 0, p[1]], "group": group},
+               "conv_2d", op_name=b.node_name(n))
+    b.emit(n, "Squeeze", [y2], {"axes": [2]}, op_name=f"{b.node_name(n)}/output_1d")
 
 
 @converter("ConvTranspose")

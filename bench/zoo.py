@@ -1,0 +1,186 @@
+"""The zoo benchmark: every zoo model (zoo/manifest.toml), qcompiler beside ONNX Runtime, in one run.
+
+    python bench/zoo.py                                  # all models (~1-2 h on 2 cores)
+    python bench/zoo.py --models resnet18,deit_tiny      # some of them
+    python bench/zoo.py --group torch --json zoo.json    # one group; also write the rows as JSON
+
+Per model, on the same calibration feeds (``--calib`` samples of the zoo's data, seed 0) and
+separate evaluation feeds (``--eval`` samples, seed 1):
+
+* qcompiler: ``qcompile M.onnx --dtype fp32`` and ``--dtype int8 --calib CALIB.npz`` (the CLI's
+  defaults: MinMax, per-channel int8 weights, uint8 activations), compile time of each;
+* ONNX Runtime: the model as given (fp32), and ``quantize_static`` of it (QDQ, per-channel,
+  MinMax; zoo.ort_quantize_static) on the same calibration feeds;
+* int8 SQNR of each engine's int8 outputs against ONNX Runtime fp32 on the evaluation feeds
+  (zoo.sqnr_db, all outputs of all samples), and our fp32's max error relative to ORT fp32;
+* latency at batch 1 with 2 threads (TVM_NUM_THREADS=2, ORT intra_op_num_threads=2, spinning off
+  in both: see bench/bench_int8.py): the median over ``--rounds`` interleaved rounds (ours int8,
+  ours fp32, ORT int8, ORT fp32) of the median of ``--iters`` calls; the VM function on prepared
+  tensors, ORT's ``run`` on numpy feeds.
+
+Columns: compile s (fp32/int8), fp32 ms ours/ORT, int8 ms ours/ORT int8, ours int8/ours fp32,
+SQNR dB ours/ORT. A model that does not build shows the stage and error instead. The summary
+line gives the geomean and the worst (largest ratio, smallest SQNR margin) of each ratio over
+the models where both sides ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo.harness import build, max_rel_error  # noqa: E402
+
+
+def _median_ms(fn, iters: int) -> float:
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts) * 1e3)
+
+
+def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:
+    import tvm
+    row: dict = {"model": m.name, "group": m.group}
+    stage = "export"
+    try:
+        path = m.path()
+        calib, evals = m.feeds(calib_n, seed=0), m.feeds(eval_n, seed=1)
+        stage = "fp32"
+        ours32 = build(m, "fp32", tmp / f"{m.name}.fp32")
+        row["compile_fp32_s"] = ours32.seconds
+        stage = "int8"
+        ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=calib)
+        row["compile_int8_s"] = ours8.seconds
+        stage = "ort-int8"
+        ort_q_path = zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
+    except Exception as e:                       # noqa: BLE001 - a row per model, whatever failed
+        row["failed"] = f"{stage}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:160] if str(e).strip() else ''}"
+        return row
+    stage = "run"
+    ort32, ort8 = zoo.ort_session(path, threads), zoo.ort_session(ort_q_path, threads)
+    refs, mine32, mine8, theirs8 = [], [], [], []
+    for f in evals:
+        of = m.ort_feeds(f)
+        refs += ort32.run(None, of)
+        theirs8 += ort8.run(None, of)
+        mine32 += ours32(f)
+        mine8 += ours8(f)
+    row["fp32_max_err"] = max_rel_error(refs, mine32)
+    row["ours_int8_db"] = zoo.sqnr_db(refs, mine8)
+    row["ort_int8_db"] = zoo.sqnr_db(refs, theirs8)
+
+    f0, of0 = evals[0], m.ort_feeds(evals[0])
+    names = [s.name for s in ours8.model.inputs]
+    a8 = [tvm.runtime.tensor(np.ascontiguousarray(f0[k])) for k in names]
+    names32 = [s.name for s in ours32.model.inputs]
+    a32 = [tvm.runtime.tensor(np.ascontiguousarray(f0[k])) for k in names32]
+    main8, main32 = ours8.model._main, ours32.model._main
+    runs = {"ours_int8": lambda: main8(*a8), "ours_fp32": lambda: main32(*a32),
+            "ort_int8": lambda: ort8.run(None, of0), "ort_fp32": lambda: ort32.run(None, of0)}
+    for fn in runs.values():                     # warm up
+        for _ in range(3):
+            fn()
+    times: dict[str, list] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, fn in runs.items():
+            times[k].append(_median_ms(fn, iters))
+    row.update({f"{k}_ms": float(np.median(v)) for k, v in times.items()})
+    row["fp32_ratio"] = row["ours_fp32_ms"] / row["ort_fp32_ms"]
+    row["int8_ratio"] = row["ours_int8_ms"] / row["ort_int8_ms"]
+    row["int8_vs_fp32"] = row["ours_int8_ms"] / row["ours_fp32_ms"]
+    return row
+
+
+def _fmt(row: dict) -> str:
+    if "failed" in row:
+        return f"{row['model']:<30} FAILED {row['failed']}"
+    return (f"{row['model']:<30} {row['compile_fp32_s']:5.1f} {row['compile_int8_s']:5.1f}  "
+            f"{row['ours_fp32_ms']:8.2f} {row['ort_fp32_ms']:8.2f} {row['fp32_ratio']:5.2f}  "
+            f"{row['ours_int8_ms']:8.2f} {row['ort_int8_ms']:8.2f} {row['int8_ratio']:5.2f}  "
+            f"{row['int8_vs_fp32']:5.2f}  {row['ours_int8_db']:6.1f} {row['ort_int8_db']:6.1f}  "
+            f"{row['fp32_max_err']:.1e}")
+
+
+HEADER = (f"{'model':<30} {'compile s':>11}  {'fp32 ms: ours':>13} {'ORT':>8} {'ratio':>5}  "
+          f"{'int8 ms: ours':>13} {'ORT':>8} {'ratio':>5}  {'8/32':>5}  {'SQNR: ours':>10} {'ORT':>6}  fp32 err\n"
+          f"{'':<30} {'fp32  int8':>11}")
+
+
+def summary(rows: list[dict]) -> list[str]:
+    ok = [r for r in rows if "failed" not in r]
+    out = [f"models: {len(rows)}, built and ran: {len(ok)}, failed: {len(rows) - len(ok)}"]
+    if not ok:
+        return out
+
+    def gm(k):
+        return float(np.exp(np.mean([np.log(r[k]) for r in ok])))
+
+    for k, label in (("fp32_ratio", "fp32 ours/ORT"), ("int8_ratio", "int8 ours/ORT int8"),
+                     ("int8_vs_fp32", "int8/fp32 ours")):
+        worst = max(ok, key=lambda r: r[k])
+        out.append(f"{label:<20} geomean {gm(k):5.2f}  worst {worst[k]:5.2f} ({worst['model']})")
+    margin = min(ok, key=lambda r: r["ours_int8_db"] - r["ort_int8_db"])
+    below = [r["model"] for r in ok if r["ours_int8_db"] < r["ort_int8_db"]]
+    out.append(f"{'int8 SQNR ours-ORT':<20} worst {margin['ours_int8_db'] - margin['ort_int8_db']:+5.1f} dB "
+               f"({margin['model']}); below ORT: {len(below)} {below if below else ''}")
+    cmax = max(ok, key=lambda r: max(r["compile_fp32_s"], r["compile_int8_s"]))
+    out.append(f"{'compile':<20} slowest {max(cmax['compile_fp32_s'], cmax['compile_int8_s']):.1f} s "
+               f"({cmax['model']})")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="", help="comma-separated model names (default: all)")
+    ap.add_argument("--group", choices=zoo.loader.GROUPS, default=None)
+    ap.add_argument("--calib", type=int, default=32, metavar="N", help="calibration samples (default 32)")
+    ap.add_argument("--eval", type=int, default=8, metavar="N", help="evaluation samples (default 8)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    a = ap.parse_args(argv)
+    want = [s for s in a.models.split(",") if s]
+    ms = [m for m in zoo.models(a.group) if not want or m.name in want]
+    if want and len(ms) != len(want):
+        ap.error(f"unknown models: {sorted(set(want) - {m.name for m in ms})}")
+    print(f"# bench/zoo.py: {len(ms)} models, {a.threads} threads, calib {a.calib}, eval {a.eval}, "
+          f"{a.rounds} rounds x {a.iters} iters", flush=True)
+    print(HEADER, flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zoo_bench_") as tmp:
+        for m in ms:
+            row = bench_model(m, Path(tmp), a.calib, a.eval, a.rounds, a.iters, a.threads)
+            rows.append(row)
+            print(_fmt(row), flush=True)
+            for p in Path(tmp).glob(f"{m.name}*"):          # keep the disk small
+                if p.is_dir():
+                    import shutil
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+    print()
+    for line in summary(rows):
+        print(line)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
