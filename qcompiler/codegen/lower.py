@@ -127,6 +127,7 @@ from ..progress import report
 from .fusion import ANCHORS, Group, plan
 from .kernels import conv as kconv
 from .kernels import elementwise as kelem
+from .kernels import integer as kint
 from .kernels import linalg as klin
 from .kernels import quant as kquant
 from .kernels import reduce as kred
@@ -156,6 +157,7 @@ ANCHOR_BUILDERS = {
 }
 # quantized ops (integer kernels, kernels/quant.py) and the plain ops that may take stored integers
 ANCHOR_BUILDERS.update(kquant.ANCHOR_BUILDERS)
+ANCHOR_BUILDERS.update(kint.ANCHOR_BUILDERS)          # ConvInteger, MatMulInteger (pre-quantized models)
 ANCHOR_BUILDERS["MaxPool"] = lambda c, a, i, o, f=ANCHOR_BUILDERS["MaxPool"]: kquant.maxpool(c, a, i, o, f)
 ANCHOR_BUILDERS["GlobalMaxPool"] = (lambda c, a, i, o, f=ANCHOR_BUILDERS["GlobalMaxPool"]:
                                     kquant.global_maxpool(c, a, i, o, f))
@@ -560,11 +562,25 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
                             f"quantized graph), not {spec.dtype}")
     if spec.dtype == "bf16" and spec.family != "cuda":
         raise LoweringError("--dtype bf16 is lowered for --target cuda only")
+    graph = _dequantized_weights(graph)
     low = _Lowering(graph, spec, gpu_schedules)
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)
     return mod
+
+
+def _dequantized_weights(graph: Graph) -> Graph:
+    """A pre-quantized (QDQ) model's int8 weights behind DequantizeLinear as float constants (on a
+    copy; the ``dequantize-weights`` pass): the float kernels take constant weights. Activations'
+    Q/DQ stay and run as the element-wise kernels of :mod:`.kernels.quant`."""
+    from ..passes import PassContext
+    from ..passes.dequantize_weights import constant_quant_ops, dequantize_weights
+    if not constant_quant_ops(graph):
+        return graph
+    graph = graph.clone()
+    dequantize_weights(graph, PassContext())
+    return graph
 
 
 def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:

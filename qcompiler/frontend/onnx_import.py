@@ -38,6 +38,11 @@ from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, load_model, node_label
 from .onnx_ops import CONVERTERS
+from . import onnx_qdq  # noqa: F401  (registers the QuantizeLinear/DequantizeLinear/... converters)
+
+KEEP_QUANT = frozenset({"QuantizeLinear", "DequantizeLinear"})
+"""Not folded at import even on constants: a QDQ model's int8 weights and int32 biases stay quantized
+constants behind a DequantizeLinear, their scales visible in the IR (see :mod:`.onnx_qdq`)."""
 
 
 class ImportMismatch(UserError):
@@ -264,7 +269,7 @@ class _Builder:
                 self._convert(n)
 
     def _foldable(self, n, known) -> bool:
-        return n.op_type not in NO_FOLD and all(not x or x in known for x in n.input)
+        return n.op_type not in NO_FOLD and n.op_type not in KEEP_QUANT and all(not x or x in known for x in n.input)
 
     def _store(self, n, outs) -> None:
         for o, v in zip(n.output, outs):
@@ -357,10 +362,12 @@ class _Builder:
         return self.emit(n, kind, operands, attrs, outputs=[out],
                          op_name=op_name or f"{self.node_name(n)}/{suffix}", check=False)[0]
 
-    def emit(self, n, kind, operands, attrs, outputs=None, op_name=None, check=True) -> list[Value]:
+    def emit(self, n, kind, operands, attrs, outputs=None, op_name=None, check=True,
+             result_types=None) -> list[Value]:
         outputs = [n.output[0]] if outputs is None else outputs
         try:
-            op = self.g.create_op(kind, operands, attrs, name=op_name or self.node_name(n), result_names=outputs)
+            op = self.g.create_op(kind, operands, attrs, name=op_name or self.node_name(n), result_names=outputs,
+                                  result_types=result_types)
         except InferError as e:
             raise self.fail(n, str(e), "the model's shapes do not fit this operator; check --input-shape") from None
         for r, o in zip(op.results, outputs):

@@ -44,19 +44,24 @@ def registrar(table: dict):
 
 
 kernel = registrar(KERNELS)
+# kernels that also read the op (its operand/result types: quantization parameters, output shapes)
+TYPED_KERNELS: dict[str, Callable[[Op, list, dict], list]] = {}
+typed_kernel = registrar(TYPED_KERNELS)
 
 
 def can_evaluate(kind: str) -> bool:
-    return kind in KERNELS
+    return kind in KERNELS or kind in TYPED_KERNELS
 
 
 def evaluate(op: Op, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Evaluate ``op`` on numpy ``arrays`` (one per operand); returns one array per result."""
     fn = KERNELS.get(op.kind)
-    if fn is None:
+    typed = TYPED_KERNELS.get(op.kind)
+    if fn is None and typed is None:
         raise EvalError(f"{op.describe()}: no numpy kernel for op kind '{op.kind}'")
     attrs = {**(REGISTRY[op.kind].defaults if op.kind in REGISTRY else {}), **op.attrs}
-    out = fn([np.asarray(a) for a in arrays], attrs)
+    xs = [np.asarray(a) for a in arrays]
+    out = fn(xs, attrs) if fn is not None else typed(op, xs, attrs)
     return [np.asarray(o) for o in out]
 
 
@@ -212,3 +217,44 @@ def _batchnorm(xs, a):
     sh = (1, -1) + (1,) * (x.ndim - 2)
     s = gamma / np.sqrt(var + np.asarray(a["epsilon"], var.dtype))
     return [(x * s.reshape(sh) + (beta - mean * s).reshape(sh)).astype(x.dtype)]
+
+
+# -- quantization (pre-quantized ONNX models; params in the types, see qcompiler.ir.ops) ------------
+@typed_kernel("QuantizeLinear")
+def _quantize_linear(op, xs, a):
+    from ..quant.qparams import quantize        # (qcompiler.quant imports the IR: imported late)
+    return [quantize(xs[0], op.result.type.quant)]
+
+
+@typed_kernel("DequantizeLinear")
+def _dequantize_linear(op, xs, a):
+    from ..quant.qparams import dequantize
+    return [dequantize(xs[0], op.operands[0].type.quant)]
+
+
+def _int64(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """A zero point (scalar or a vector along ``axis`` of an ``ndim``-D tensor) as int64."""
+    v = np.asarray(v, np.int64)
+    if v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = v.size
+    return v.reshape(shape)
+
+
+@typed_kernel("ConvInteger")
+def _conv_integer(op, xs, a):
+    from ..quant.reference import conv_sum      # float64 sums of integers: exact below 2^53
+    x, w, zx, zw = xs
+    xs64 = x.astype(np.int64) - _int64(zx, 0, x.ndim)          # padding then contributes 0
+    ws64 = w.astype(np.int64) - _int64(zw, 0, w.ndim)
+    y = conv_sum(xs64, ws64, a, tuple(op.result.type.shape[2:]))
+    return [y.astype(np.int64).astype(np.int32)]
+
+
+@typed_kernel("MatMulInteger")
+def _matmul_integer(op, xs, a):
+    A, B, za, zb = xs
+    A64 = A.astype(np.int64) - _int64(za, -2, A.ndim)
+    B64 = B.astype(np.int64) - _int64(zb, -1, B.ndim)
+    return [np.matmul(A64, B64).astype(np.int32)]

@@ -617,3 +617,47 @@ register_op("QLinearAveragePool", _qlinear_pool("QLinearAveragePool", _pool),
             {"kernel_shape": None, "strides": None, "pads": None, "ceil_mode": 0, "count_include_pad": 0, **_RQ},
             quantized_result=True, doc="integer window sum, requantized (constant window count)")
 register_op("Requantize", _requantize, _RQ, quantized_result=True, doc="q_out = requant(q - z_in): change params")
+
+
+# ---- integer ops of pre-quantized ONNX models (imported as they are; see qcompiler.frontend.onnx_qdq) ----
+# ONNX semantics, results int32, zero points as operands (DynamicQuantizeLinear makes x's at run time):
+#   ConvInteger(x, w, x_zp, w_zp)    y = Σ (x - x_zp) * (w - w_zp[c]), padding contributes 0 (x = x_zp);
+#                                    x_zp a scalar, w_zp a scalar or one per output channel c
+#   MatMulInteger(a, b, a_zp, b_zp)  y = (a - a_zp) @ (b - b_zp), a_zp a scalar or one per row of a,
+#                                    b_zp a scalar or one per column of b
+# The sums are exact integers (formed in int64 by the numpy kernels, int32 products in the x86 ones).
+_INTEGER_INPUTS = ("uint8", "int8")
+
+
+def _integer_operands(kind: str, ts, names) -> None:
+    for t, what in zip(ts, names):
+        if t.dtype not in _INTEGER_INPUTS:
+            raise InferError(f"{kind} {what} must be uint8 or int8, got {t}")
+
+
+def _conv_integer(ts, a):
+    _integer_operands("ConvInteger", ts, ("x", "w", "x_zero_point", "w_zero_point"))
+    if ts[2].size != 1:
+        raise InferError(f"ConvInteger x_zero_point must be a scalar, got {ts[2]}")
+    if ts[3].size not in (1, ts[1].shape[0]):
+        raise InferError(f"ConvInteger w_zero_point must be a scalar or one per output channel, got {ts[3]}")
+    out = _conv([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
+    return [TensorType(out.shape, "int32")]
+
+
+def _matmul_integer(ts, a):
+    _integer_operands("MatMulInteger", ts, ("a", "b", "a_zero_point", "b_zero_point"))
+    A, B = ts[0], ts[1]
+    if A.rank < 2 or B.rank < 2:
+        raise InferError(f"MatMulInteger takes operands of rank >= 2, got {A.shape} and {B.shape}")
+    if ts[2].size not in (1, A.shape[-2]) or ts[3].size not in (1, B.shape[-1]):
+        raise InferError(f"MatMulInteger zero points must be scalars or one per row of a / column of b, "
+                         f"got {ts[2]} and {ts[3]}")
+    out = _matmul([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
+    return [TensorType(out.shape, "int32")]
+
+
+register_op("ConvInteger", _conv_integer, {"strides": None, "dilations": None, "pads": None, "group": 1}, (4, 4),
+            doc="int32 Σ (x - x_zp)(w - w_zp) over the window (ONNX ConvInteger)")
+register_op("MatMulInteger", _matmul_integer, num_operands=(4, 4),
+            doc="int32 (a - a_zp) @ (b - b_zp) (ONNX MatMulInteger)")

@@ -9,7 +9,10 @@ name and its declared dtype.
 Folding must not inflate the model: a result is folded only if it has no more elements than its
 operands together, or at most :attr:`ConstFoldOptions.max_new_elements` (an ``Expand`` of a scalar
 to a large tensor stays an op). Ops whose results are graph outputs stay (the output keeps its
-producer and name).
+producer and name). ``DequantizeLinear`` of a quantized constant (the int8 weights and int32 biases
+of a pre-quantized QDQ model) stays: the IR keeps the given quantization parameters visible for the
+passes that map Q/DQ pairs onto integer kernels; the float code generator dequantizes such weights
+itself (qcompiler.codegen.lower).
 
 Before::
 
@@ -48,7 +51,12 @@ class ConstFoldOptions:
     max_new_elements: int = 1 << 16    # fold a result bigger than its operands only up to this size
 
 
+KEEP = frozenset({"QuantizeLinear", "DequantizeLinear"})    # quantization stays visible (see above)
+
+
 def _foldable(op: Op, opts: ConstFoldOptions) -> bool:
+    if op.kind in KEEP:
+        return False
     if not op.operands or not all(v.is_const for v in op.operands) or not can_evaluate(op.kind):
         return False
     if any(is_output(r) for r in op.results):

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..ir.graph import Graph, Op
-from ..ir.interp import KERNELS as FLOAT_KERNELS, EvalError, registrar
+from ..ir.interp import KERNELS as FLOAT_KERNELS, TYPED_KERNELS, EvalError, registrar
 from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, np_dtype
 from . import hardswish
@@ -84,6 +84,8 @@ def evaluate_op(op: Op, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         outs = fn(op, xs, attrs)
     elif op.kind in FLOAT_KERNELS:
         outs = FLOAT_KERNELS[op.kind](xs, attrs)
+    elif op.kind in TYPED_KERNELS:             # ConvInteger, MatMulInteger (pre-quantized models)
+        outs = TYPED_KERNELS[op.kind](op, xs, attrs)
     elif not quantized:
         outs = _ort_float(op, xs)
     else:

@@ -1,0 +1,194 @@
+"""Converters for the operators of pre-quantized ONNX models (QDQ and dynamic-int8 exports).
+
+Registered in :data:`.onnx_ops.CONVERTERS` like every other converter (kept in this file so the
+quantization support reads in one place):
+
+* ``QuantizeLinear`` / ``DequantizeLinear`` (opset 10-21) become the IR ops of the same name, with
+  their constant scale and zero point as the quantized *type* (:class:`~qcompiler.ir.types.QuantParams`:
+  per tensor, or per axis when the scale is a vector) -- QuantizeLinear on its result,
+  DequantizeLinear on its operand -- so the given parameters stay visible in the IR::
+
+      %x_q = QuantizeLinear(%x) : tensor<1x80x800x!quant.uniform<u8:f32, 0.0353:134>>
+      %x_d = DequantizeLinear(%x_q) : tensor<1x80x800xf32>
+      %w   = const ... : tensor<384x80x3x!quant.uniform<i8:f32:0, {0.0012:0, ...}>>
+
+  A DequantizeLinear of an integer constant (weights, int32 biases) dequantizes a constant of that
+  quantized type; one of a value that does not carry these parameters (a uint8 model input, an
+  integer tensor from another op) is ``(Cast(q) - zero_point) * scale`` in float32, ONNX's formula
+  with ONNX Runtime's rounding. ``block_size`` (opset 21 blocked quantization), 4-bit and float8
+  types and scales computed at run time are refused with one line each.
+* ``DynamicQuantizeLinear`` is lowered to float IR ops that compute exactly what ONNX Runtime
+  computes (its ``GetQuantizationParameter`` + ``MlasQuantizeLinear``)::
+
+      lo = min(ReduceMin(x), 0)   hi = max(ReduceMax(x), 0)
+      scale = (hi - lo) / 255, or 1 when hi == lo (all zeros; ONNX Runtime's rule, the spec's 0 would divide by 0)
+      zp = round_half_even(clip(-lo / scale, 0, 255))     y = clip(round_half_even(x / scale) + zp, 0, 255)
+
+  ``scale`` is formed as ``(hi - lo) / 255 + (1 - ceil(d / (d + 1)))`` with ``d = hi - lo >= 0``: the
+  second term is exactly 1 for d = 0 and exactly 0 otherwise, so the sum is the quotient itself.
+* ``ConvInteger`` / ``MatMulInteger`` become the IR ops of the same name (int32 results, zero points
+  as operands: DynamicQuantizeLinear makes the activation's at run time), computed in integer
+  arithmetic by the numpy and x86 kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import QuantParams
+from .onnx_ops import _opt, _window, converter
+
+_STORAGE = ("uint8", "int8", "uint16", "int16")       # QuantizeLinear outputs the IR can hold
+_ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
+
+
+def _storage(b, n, a, zp: np.ndarray | None, dq: bool) -> str:
+    if zp is not None:
+        dt = zp.dtype.name
+    elif dq:
+        dt = b.val(n.input[0]).dtype if b.const(n.input[0]) is None else b.const(n.input[0]).dtype.name
+    else:
+        code = int(a.get("output_dtype", 0))
+        if code and code not in _ONNX_OUTPUT_DTYPE:
+            raise b.fail(n, f"output_dtype {code} is not uint8/int8/uint16/int16",
+                         "qcompiler imports 8- and 16-bit integer quantization (no float8 or int4)")
+        dt = _ONNX_OUTPUT_DTYPE.get(code, "uint8")
+    allowed = _STORAGE + (("int32",) if dq else ())
+    if dt not in allowed:
+        raise b.fail(n, f"quantizes to {dt}", f"qcompiler imports {'/'.join(allowed)} quantization "
+                     "(no float8 or int4)")
+    return dt
+
+
+def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
+    """The node's scale / zero point / axis as :class:`QuantParams` for a tensor of ``shape``."""
+    if int(a.get("block_size", 0)):
+        raise b.fail(n, f"blocked quantization (block_size {a['block_size']}) is not supported",
+                     "quantize per tensor or per axis")
+    scale = b.need_const(n, 1, "the scale")
+    zp = b.need_const(n, 2, "the zero point") if _opt(n, 2) else None
+    if scale.dtype != np.float32:
+        raise b.fail(n, f"has a {scale.dtype} scale", "qcompiler imports float32 quantization scales")
+    storage = _storage(b, n, a, zp, dq)
+    s = scale.reshape(-1)
+    z = zp.reshape(-1).astype(np.int64) if zp is not None else np.zeros(s.size, np.int64)
+    if z.size != s.size:
+        raise b.fail(n, f"has {s.size} scales but {z.size} zero points", "fix the model")
+    axis = None
+    if s.size > 1:
+        rank = len(shape)
+        ax = int(a.get("axis", 1))
+        if not -rank <= ax < rank or shape[ax] != s.size:
+            raise b.fail(n, f"{s.size} scales do not fit axis {ax} of shape {list(shape)}", "fix the model")
+        axis = ax % rank
+    try:
+        return QuantParams(storage, tuple(float(v) for v in s), tuple(int(v) for v in z), axis)
+    except ValueError as e:
+        raise b.fail(n, f"bad quantization parameters: {e}", "fix the model's scale / zero point") from None
+
+
+@converter("QuantizeLinear")
+def _quantize_linear(b, n, a):
+    x = b.val(n.input[0])
+    if x.dtype != "float32":
+        raise b.fail(n, f"quantizes a {x.dtype} tensor", "qcompiler imports QuantizeLinear of float32 tensors")
+    qp = qparams(b, n, a, x.shape, dq=False)
+    b.emit(n, "QuantizeLinear", [x], {}, result_types=[x.type.with_quant(qp)])
+
+
+@converter("DequantizeLinear")
+def _dequantize_linear(b, n, a):
+    data = b.const(n.input[0])
+    shape = tuple(data.shape) if data is not None else b.val(n.input[0]).shape
+    qp = qparams(b, n, a, shape, dq=True)
+    if data is not None:                       # weights, biases: a constant of the quantized type
+        q = b.g.add_const(np.ascontiguousarray(data), n.input[0], quant=qp)
+    else:
+        q = b.val(n.input[0])
+        if q.type.quant != qp:
+            _dequantize_float(b, n, q, qp)
+            return
+    b.emit(n, "DequantizeLinear", [q], {})
+
+
+def _dequantize_float(b, n, q, qp: QuantParams) -> None:
+    """(f32(q) - f32(zero_point)) * scale: ONNX Runtime's f32(q - zero_point) * scale (both integers
+    are exact in float32 for 8/16-bit storage), for a value that does not carry ``qp``."""
+    shape = [1] * q.type.rank
+    if qp.axis is not None:
+        shape[qp.axis] = len(qp.scale)
+    zp = b.g.add_const(np.asarray(qp.zero_point, np.float32).reshape(shape), f"{n.output[0]}/zero_point")
+    sc = b.g.add_const(qp.scale_array().reshape(shape), f"{n.output[0]}/scale")
+    f = b.aux(n, "Cast", [q], {"to": "float32"}, "cast")
+    f = b.aux(n, "Sub", [f, zp], {}, "sub") if any(qp.zero_point) else f
+    b.emit(n, "Mul", [f, sc], {})
+
+
+@converter("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(b, n, a):
+    x = b.val(n.input[0])
+    if x.dtype != "float32":
+        raise b.fail(n, f"quantizes a {x.dtype} tensor", "qcompiler imports DynamicQuantizeLinear of float32")
+    r = x.type.rank
+    one = tuple([1] * r)
+
+    def c(v, name):
+        return b.g.add_const(np.full(one, v, np.float32), f"{n.output[0]}/{name}")
+
+    def op(kind, ops, suffix, **attrs):
+        return b.aux(n, kind, ops, attrs, suffix)
+    every = {"axes": list(range(r)), "keepdims": 1}
+    lo = op("Min", [op("ReduceMin", [x], "min", **every), c(0.0, "zero")], "lo")
+    hi = op("Max", [op("ReduceMax", [x], "max", **every), c(0.0, "zero")], "hi")
+    d = op("Sub", [hi, lo], "range")
+    nonzero = op("Ceil", [op("Div", [d, op("Add", [d, c(1.0, "one")], "range1")], "ratio")], "nonzero")
+    scale = op("Add", [op("Div", [d, c(255.0, "qrange")], "scale0"),
+                       op("Sub", [c(1.0, "one"), nonzero], "all_zero")], "scale")
+    zp = op("Round", [op("Clip", [op("Div", [op("Neg", [lo], "neg"), scale], "zp0")], "zp_clip",
+                         min=0.0, max=255.0)], "zp")
+    y = op("Clip", [op("Add", [op("Round", [op("Div", [x, scale], "div")], "round"), zp], "add")], "clip",
+           min=0.0, max=255.0)
+    outs = list(n.output) + [""] * (3 - len(n.output))
+    b.emit(n, "Cast", [y], {"to": "uint8"}, outputs=[outs[0]])
+    if outs[1]:
+        b.emit(n, "Reshape", [scale], {"shape": []}, outputs=[outs[1]], op_name=f"{b.node_name(n)}/y_scale")
+    if outs[2]:
+        zs = op("Reshape", [zp], "zp_scalar", shape=[])
+        b.emit(n, "Cast", [zs], {"to": "uint8"}, outputs=[outs[2]], op_name=f"{b.node_name(n)}/y_zero_point")
+
+
+def _zero_point(b, n, i: int, like) -> object:
+    """Input ``i`` (a zero point) as an IR value; an omitted one is a 0 of ``like``'s dtype."""
+    if _opt(n, i):
+        return b.val(n.input[i])
+    return b.g.add_const(np.zeros((), like.dtype), f"{n.output[0]}/zero_point{i}")
+
+
+def _integer_inputs(b, n, names):
+    vals = [b.val(n.input[0]), b.val(n.input[1])]
+    for v, what in zip(vals, names):
+        if v.dtype not in ("uint8", "int8"):
+            raise b.fail(n, f"{what} is {v.dtype}", f"{n.op_type} takes uint8 or int8 inputs")
+    return vals + [_zero_point(b, n, 2, vals[0]), _zero_point(b, n, 3, vals[1])]
+
+
+@converter("ConvInteger")
+def _conv_integer(b, n, a):
+    ops = _integer_inputs(b, n, ("x", "w"))
+    x, w = ops[0], ops[1]
+    if x.type.rank < 3 or w.type.rank != x.type.rank:
+        raise b.fail(n, f"input rank {x.type.rank} and weight rank {w.type.rank} do not fit", "fix the model")
+    kernel = list(w.shape[2:])
+    if "kernel_shape" in a and list(a["kernel_shape"]) != kernel:
+        raise b.fail(n, f"kernel_shape {a['kernel_shape']} does not match the weight's {kernel}", "fix the model")
+    s, d, p = _window(b, n, a, x, kernel)
+    b.emit(n, "ConvInteger", ops, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
+
+
+@converter("MatMulInteger")
+def _matmul_integer(b, n, a):
+    ops = _integer_inputs(b, n, ("A", "B"))
+    if ops[0].type.rank < 2 or ops[1].type.rank < 2:
+        raise b.fail(n, f"has a 1-D operand ({list(ops[0].shape)} @ {list(ops[1].shape)})",
+                     "reshape the operand to 2-D before the MatMulInteger")
+    b.emit(n, "MatMulInteger", ops, {})
+
