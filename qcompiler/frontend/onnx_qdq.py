@@ -37,6 +37,10 @@ import numpy as np
 from ..ir.types import QuantParams
 from .onnx_ops import _opt, _window, converter
 
+PREQUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
+                          "MatMulInteger"})
+"""A model with these is pre-quantized: ``graph.meta["prequantized"]``; the quantize pass (``--dtype
+int8``) refuses it with one line until issue #35 maps its Q/DQ pairs onto the integer kernels."""
 _STORAGE = ("uint8", "int8", "uint16", "int16")       # QuantizeLinear outputs the IR can hold
 _ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 

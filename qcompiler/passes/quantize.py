@@ -634,6 +634,11 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     (per-channel int8) and biases (int32), rewrite Conv/Gemm/Add/pooling into integer-only QLinear
     ops with fixed-point requantization, and keep the rest float between Dequantize/QuantizeLinear."""
     opts = pass_options(ctx, "quantize", QuantizeOptions)
+    if graph.meta.get("prequantized"):
+        raise UserError("the model is already quantized (it has its own QuantizeLinear/DequantizeLinear, "
+                        "ConvInteger or MatMulInteger); re-quantizing it to int8 is not supported yet (issue #35)",
+                        "--dtype int8", "compile it with --dtype fp32: the float build computes the model's own "
+                        "quantization as ONNX Runtime does")
     if any(op.kind in QUANT_KINDS for op in graph.ops):
         ctx.log("quantize: the graph is already quantized; nothing to do")
         return False
