@@ -318,3 +318,18 @@ def _fused(w, op):
         w.node(op, [prev if x is None else x for x in ins], attrs, op_type=kind, outputs=[out],
                name=op.name if last else f"{op.name}/{kind.lower()}")
         prev = out
+
+
+# ---- comparisons, logic, selection and index ops (all opset <= 17 as the IR holds them) --------
+_LOGIC_ATTRS = {"IsInf": ("detect_negative", "detect_positive"), "Mod": ("fmod",), "GatherND": ("batch_dims",)}
+
+
+@exporter("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Where",
+          "IsNaN", "Sign", "PRelu", *_LOGIC_ATTRS)
+def _logic(w, op):
+    w.node(op, _names(op), _attrs(op, *_LOGIC_ATTRS.get(op.kind, ())))
+
+
+@exporter("ScatterND")
+def _scatter_nd(w, op):
+    w.node(op, _names(op))          # reduction "none" only (the IR rejects the others)

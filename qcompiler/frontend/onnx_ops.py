@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..ir.types import DTYPES
 from .onnx_fold import axes_arg, onnx_slice, resolve_reshape
@@ -510,3 +510,191 @@ def _slice(b, n, a):
     order = sorted(norm)
     b.emit(n, "Slice", [x], {"starts": [norm[k][0] for k in order], "ends": [norm[k][1] for k in order],
                              "axes": order, "steps": [norm[k][2] for k in order]})
+
+
+# ---- comparisons, logic, selection (bool results) and index ops --------------------------------
+@converter("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where",
+           "PRelu", "GatherND")
+def _plain_nary(b, n, a):
+    attrs = {"batch_dims": int(a.get("batch_dims", 0))} if n.op_type == "GatherND" else {}
+    b.emit(n, n.op_type, [b.val(x) for x in n.input], attrs)
+
+
+@converter("Not", "IsNaN", "Sign")
+def _plain_unary(b, n, a):
+    b.emit(n, n.op_type, [b.val(n.input[0])], {})
+
+
+@converter("IsInf")
+def _isinf(b, n, a):
+    b.emit(n, "IsInf", [b.val(n.input[0])], {"detect_negative": int(a.get("detect_negative", 1)),
+                                             "detect_positive": int(a.get("detect_positive", 1))})
+
+
+@converter("Mod")
+def _mod(b, n, a):
+    x, y = b.val(n.input[0]), b.val(n.input[1])
+    fmod = int(a.get("fmod", 0))
+    if not fmod and x.dtype.startswith(("float", "bfloat")):
+        raise b.fail(n, "Mod of floats needs fmod=1", "the model is malformed (ONNX requires fmod=1 for floats)")
+    b.emit(n, "Mod", [x, y], {"fmod": fmod})
+
+
+@converter("ScatterND")
+def _scatter_nd(b, n, a):
+    red = a.get("reduction", "none")
+    if red != "none":
+        raise b.fail(n, f"ScatterND reduction '{red}' is not supported", "only reduction='none' imports")
+    b.emit(n, "ScatterND", [b.val(x) for x in n.input[:3]], {"reduction": red})
+
+
+# ---- ConstantOfShape, Range, Tile with run-time inputs (all-constant ones fold: onnx_fold.py) ----
+@converter("ConstantOfShape")
+def _constant_of_shape(b, n, a):
+    """The values depend only on the shape: a constant whenever ONNX knows the output shape."""
+    v = _shape_from_input_or_inference(b, n, 0, "the shape")
+    shape = tuple(int(d) for d in v.reshape(-1)) if v is not None else b.onnx_shape(n.output[0])
+    fill = numpy_helper.to_array(a["value"]).reshape(-1) if "value" in a else np.zeros(1, np.float32)
+    b.set_const(n.output[0], np.full(shape, fill[0], fill.dtype))
+
+
+@converter("Range")
+def _range(b, n, a):
+    """Reached only when start, limit or delta is computed at run time: the length is then dynamic."""
+    raise b.fail(n, "its length depends on values computed at run time",
+                 "fix the input sizes with --input-shape so start/limit/delta fold to constants")
+
+
+@converter("Tile")
+def _tile(b, n, a):
+    """Tile as Reshape -> Expand -> Reshape: x[d0, d1] tiled (r0, r1) is x viewed as [1, d0, 1, d1],
+    expanded to [r0, d0, r1, d1] and flattened to [r0 d0, r1 d1]."""
+    x = b.val(n.input[0])
+    reps = b.const(n.input[1])
+    if reps is None:
+        out = b.onnx_shape(n.output[0])
+        if out is None:
+            raise b.fail(n, "the repeats are computed at run time", "fix the input sizes with --input-shape so they fold")
+        reps = np.array([o // d for o, d in zip(out, x.shape)])
+    reps = [int(r) for r in reps.reshape(-1)]
+    if len(reps) != x.type.rank or min(reps, default=1) < 1:
+        raise b.fail(n, f"repeats {reps} do not fit an input of rank {x.type.rank}", "fix the model")
+    out = [r * d for r, d in zip(reps, x.shape)]
+    if all(r == 1 for r in reps):
+        b.emit(n, "Identity", [x], {})
+        return
+    ones = [v for d in x.shape for v in (1, d)]
+    t = b.aux(n, "Reshape", [x], {"shape": ones}, "interleave")
+    t = b.aux(n, "Expand", [t], {"shape": [v for r, d in zip(reps, x.shape) for v in (r, d)]}, "expand")
+    b.emit(n, "Reshape", [t], {"shape": out})
+
+
+# ---- Einsum, lowered to Transpose / ReduceSum / Reshape / MatMul / Mul ------------------------
+class _Term:
+    """An einsum operand: an IR value (or the spec of an op not yet emitted) with one label per axis."""
+
+    def __init__(self, value, labels, shape, pending=None):
+        self.value, self.labels, self.shape, self.pending = value, list(labels), tuple(shape), pending
+
+
+def _einsum_parse(b, n, eq: str, ranks: list[int]):
+    eq = eq.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise b.fail(n, f"equation '{eq}' names {len(terms)} operands, the node has {len(ranks)}", "fix the model")
+    n_ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
+    ell = [f".{i}" for i in range(n_ell)]
+
+    def labels(t, r):
+        if "..." in t:
+            head, tail = t.split("...")
+            k = r - len(head) - len(tail)
+            return list(head) + ell[n_ell - k:] + list(tail)
+        if len(t) != r:
+            raise b.fail(n, f"einsum term '{t}' does not fit an operand of rank {r}", "fix the model")
+        return list(t)
+    ins = [labels(t, r) for t, r in zip(terms, ranks)]
+    if arrow:
+        out = labels(rhs, n_ell + len(rhs.replace("...", ""))) if "..." in rhs else list(rhs)
+    else:                       # implicit: the ellipsis, then the labels used once, alphabetically
+        flat = [c for t in ins for c in t if not c.startswith(".")]
+        out = ell + sorted(c for c in set(flat) if flat.count(c) == 1)
+    return ins, out
+
+
+@converter("Einsum")
+def _einsum(b, n, a):
+    vals = [b.val(x) for x in n.input]
+    ins, out = _einsum_parse(b, n, a["equation"], [v.type.rank for v in vals])
+    for t in ins:
+        if len(set(t)) != len(t):
+            raise b.fail(n, f"einsum '{a['equation']}' takes a diagonal (a label repeated in one operand)",
+                         "rewrite the model without diagonals")
+    sizes: dict = {}
+    for t, v in zip(ins, vals):
+        for lab, d in zip(t, v.shape):
+            if sizes.setdefault(lab, d) != d and 1 not in (d, sizes[lab]):
+                raise b.fail(n, f"einsum label '{lab}' has sizes {sizes[lab]} and {d}", "fix the model")
+            sizes[lab] = max(sizes[lab], d)
+    counter = [0]
+
+    def real(t: _Term):
+        if t.pending is not None:
+            counter[0] += 1
+            kind, ops, attrs = t.pending
+            t.value, t.pending = b.aux(n, kind, [real(o) for o in ops], attrs, f"einsum{counter[0]}"), None
+        return t.value
+
+    def op(kind, ops, attrs, labels, shape):
+        return _Term(None, labels, shape, (kind, ops, attrs))
+
+    def arrange(t: _Term, order: list, shape=None):
+        """Transpose ``t`` to label ``order``, then (optionally) reshape to ``shape``."""
+        if t.labels != order:
+            perm = [t.labels.index(lab) for lab in order]
+            t = op("Transpose", [t], {"perm": perm}, order, [t.shape[p] for p in perm])
+        if shape is not None and tuple(shape) != t.shape:
+            t = op("Reshape", [t], {"shape": list(shape)}, order, shape)
+        return t
+
+    terms = [_Term(v, lab, v.shape) for v, lab in zip(vals, ins)]
+    # labels in one operand only and not in the output: summed away first
+    for i, t in enumerate(terms):
+        others = set(out).union(*(set(o.labels) for j, o in enumerate(terms) if j != i))
+        gone = [k for k, lab in enumerate(t.labels) if lab not in others]
+        if gone:
+            keep = [lab for lab in t.labels if lab in others]
+            terms[i] = op("ReduceSum", [t], {"axes": gone, "keepdims": 0}, keep,
+                          [d for k, d in enumerate(t.shape) if k not in gone])
+    x = terms[0]
+    for j, y in enumerate(terms[1:], 1):
+        keep = set(out).union(*(set(o.labels) for o in terms[j + 1:]))
+        batch = [lab for lab in x.labels if lab in y.labels and lab in keep]
+        contr = [lab for lab in x.labels if lab in y.labels and lab not in keep]
+        fx = [lab for lab in x.labels if lab not in y.labels]
+        fy = [lab for lab in y.labels if lab not in x.labels]
+        dx = dict(zip(x.labels, x.shape))
+        dy = dict(zip(y.labels, y.shape))
+        bshape = [sizes[lab] for lab in batch]
+        res_shape = bshape + [dx[lab] for lab in fx] + [dy[lab] for lab in fy]
+        if not contr:            # no summation: a broadcasting product
+            xs = arrange(x, batch + fx, [dx[lab] for lab in batch + fx] + [1] * len(fy))
+            ys = arrange(y, batch + fy, [dy[lab] for lab in batch] + [1] * len(fx) + [dy[lab] for lab in fy])
+            x = op("Mul", [xs, ys], {}, batch + fx + fy, res_shape)
+            continue
+        m, k = int(np.prod([dx[lab] for lab in fx])), int(np.prod([dx[lab] for lab in contr]))
+        nn = int(np.prod([dy[lab] for lab in fy]))
+        xs = arrange(x, batch + fx + contr, [dx[lab] for lab in batch] + [m, k])
+        ys = arrange(y, batch + contr + fy, [dy[lab] for lab in batch] + [k, nn])
+        mm = op("MatMul", [xs, ys], {}, batch + ["?m", "?n"], bshape + [m, nn])
+        x = arrange(mm, mm.labels, res_shape)
+        x.labels = batch + fx + fy
+    res = arrange(x, out)
+    if tuple(res.shape) != tuple(sizes[lab] for lab in out):
+        raise b.fail(n, f"einsum result shape {res.shape} is not the output's", "report this importer bug")
+    if res.pending is None:
+        b.emit(n, "Identity", [res.value], {})
+    else:
+        kind, ops, attrs = res.pending
+        b.emit(n, kind, [real(o) for o in ops], attrs)

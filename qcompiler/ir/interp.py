@@ -258,3 +258,55 @@ def _matmul_integer(op, xs, a):
     A64 = A.astype(np.int64) - _int64(za, -2, A.ndim)
     B64 = B.astype(np.int64) - _int64(zb, -1, B.ndim)
     return [np.matmul(A64, B64).astype(np.int32)]
+
+
+# -- comparisons, logic, selection and index ops (bool results) ----------------------------------
+for _k, _f in {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+               "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or,
+               "Xor": np.logical_xor}.items():
+    kernel(_k)(lambda xs, a, _f=_f: [np.asarray(_f(xs[0], xs[1]), bool)])
+kernel("Not")(_u(np.logical_not))
+kernel("IsNaN")(_u(np.isnan))
+kernel("Sign")(_u(lambda x: np.sign(x).astype(x.dtype)))
+kernel("Where")(lambda xs, a: [np.where(xs[0], xs[1], xs[2])])
+kernel("PRelu")(lambda xs, a: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0]).astype(xs[0].dtype)])
+
+
+@kernel("IsInf")
+def _isinf(xs, a):
+    x = xs[0]
+    return [np.isinf(x) & (((x > 0) & bool(a["detect_positive"])) | ((x < 0) & bool(a["detect_negative"])))]
+
+
+@kernel("Mod")
+def _mod(xs, a):
+    x, y = xs
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [(np.fmod(x, y) if a["fmod"] else np.mod(x, y)).astype(x.dtype)]
+
+
+@kernel("GatherND")
+def _gather_nd(xs, a):
+    x, idx = xs
+    b = a["batch_dims"]
+    k = idx.shape[-1]
+    idx = np.where(idx < 0, idx + np.array(x.shape[b:b + k]), idx)
+    bshape = x.shape[:b]
+    out = np.empty(idx.shape[:-1] + x.shape[b + k:], x.dtype)
+    for bi in np.ndindex(*bshape):
+        sub = idx[bi].reshape(-1, k)
+        got = x[bi][tuple(sub.T)] if k else np.broadcast_to(x[bi], (len(sub),) + x[bi].shape)
+        out[bi] = got.reshape(idx.shape[b:-1] + x.shape[b + k:])
+    return [out]
+
+
+@kernel("ScatterND")
+def _scatter_nd(xs, a):
+    x, idx, upd = xs
+    k = idx.shape[-1]
+    out = x.copy()
+    idx = np.where(idx < 0, idx + np.array(x.shape[:k]), idx).reshape(-1, k)
+    upd = upd.reshape((len(idx),) + x.shape[k:])
+    for i, row in enumerate(idx):               # in order: a repeated index keeps the last update
+        out[tuple(row)] = upd[i]
+    return [out]

@@ -661,3 +661,87 @@ register_op("ConvInteger", _conv_integer, {"strides": None, "dilations": None, "
             doc="int32 Σ (x - x_zp)(w - w_zp) over the window (ONNX ConvInteger)")
 register_op("MatMulInteger", _matmul_integer, num_operands=(4, 4),
             doc="int32 (a - a_zp) @ (b - b_zp) (ONNX MatMulInteger)")
+
+
+# ---- comparisons, logic, selection and index ops (bool results are dtype "bool", printed i1) ----
+# Comparisons take two operands of one dtype and give bool; And/Or/Xor/Not take and give bool;
+# Where(cond: bool, x, y) broadcasts all three. PRelu(x, slope): slope broadcasts to x (per-channel
+# [C,1,1] or channels-last [C]). Mod: ONNX semantics (fmod=0: the sign of the divisor, integers
+# only; fmod=1: C fmod, the sign of the dividend). None of these has an integer kernel: the
+# quantize pass leaves them float.
+def _compare(ts, a):
+    if ts[0].dtype != ts[1].dtype:
+        raise InferError(f"compared dtypes differ: {ts[0].dtype} vs {ts[1].dtype}")
+    return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), "bool")]
+
+
+def _logical(ts, a):
+    if any(t.dtype != "bool" for t in ts):
+        raise InferError(f"logical ops take bool operands, got {', '.join(t.dtype for t in ts)}")
+    return [TensorType(broadcast_shapes(*(t.shape for t in ts)), "bool")]
+
+
+def _where(ts, a):
+    c, x, y = ts
+    if c.dtype != "bool" or x.dtype != y.dtype:
+        raise InferError(f"Where needs a bool condition and equal value dtypes, got {c.dtype}, {x.dtype}, {y.dtype}")
+    return [TensorType(broadcast_shapes(c.shape, x.shape, y.shape), x.dtype)]
+
+
+def _float_test(ts, a):
+    if ts[0].dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise InferError(f"IsNaN/IsInf take a float operand, got {ts[0].dtype}")
+    return [TensorType(ts[0].shape, "bool")]
+
+
+def _prelu(ts, a):
+    x, s = ts
+    if x.dtype != s.dtype or broadcast_shapes(x.shape, s.shape) != x.shape:
+        raise InferError(f"PRelu slope {s} must have x's dtype and broadcast to x {x}")
+    return [TensorType(x.shape, x.dtype)]
+
+
+def _mod(ts, a):
+    if a["fmod"] == 0 and ts[0].dtype in ("float32", "float16", "bfloat16", "float64"):
+        raise InferError("Mod with fmod=0 takes integers (ONNX): use fmod=1 for floats")
+    return _binary(ts, a)
+
+
+for _k in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+    register_op(_k, _compare, num_operands=(2, 2))
+for _k in ("And", "Or", "Xor"):
+    register_op(_k, _logical, num_operands=(2, 2))
+register_op("Not", _logical)
+register_op("Where", _where, num_operands=(3, 3), doc="Where(cond, x, y): x where cond else y")
+register_op("IsNaN", _float_test)
+register_op("IsInf", _float_test, {"detect_negative": 1, "detect_positive": 1})
+register_op("Sign", _same)
+register_op("Mod", _mod, {"fmod": 0}, (2, 2))
+register_op("PRelu", _prelu, num_operands=(2, 2), doc="x if x >= 0 else slope * x (slope broadcasts to x)")
+
+
+def _gather_nd(ts, a):
+    x, idx = ts
+    b = a["batch_dims"]
+    k = idx.shape[-1] if idx.rank else 0
+    if idx.dtype not in ("int64", "int32") or idx.rank < 1 or not 0 <= b < min(x.rank, idx.rank) \
+            or b + k > x.rank or x.shape[:b] != idx.shape[:b]:
+        raise InferError(f"GatherND cannot index {x} with {idx} (batch_dims {b})")
+    return [TensorType(idx.shape[:-1] + x.shape[b + k:], x.dtype)]
+
+
+def _scatter_nd(ts, a):
+    x, idx, upd = ts
+    k = idx.shape[-1] if idx.rank else 0
+    if a["reduction"] != "none":
+        raise InferError(f"ScatterND reduction '{a['reduction']}' is not supported (only 'none')")
+    want = idx.shape[:-1] + x.shape[k:]
+    if idx.dtype not in ("int64", "int32") or idx.rank < 1 or k > x.rank or upd.shape != want \
+            or upd.dtype != x.dtype:
+        raise InferError(f"ScatterND: updates {upd} do not fit data {x} and indices {idx} (want {want})")
+    return [TensorType(x.shape, x.dtype)]
+
+
+register_op("GatherND", _gather_nd, {"batch_dims": 0}, (2, 2))
+register_op("ScatterND", _scatter_nd, {"reduction": "none"}, (3, 3),
+            doc="a copy of data with updates written at indices (a repeated index: the last write wins)")

@@ -319,7 +319,8 @@ def _is_quant(kind: str) -> bool:
 
 def test_registry_is_covered():
     """Every float op kind has a test here; the int8 kinds belong to the int8 lowering."""
-    covered = {c.op for c in CASES} | {"FusedConv", "FusedGemm"}
+    from opcases import covered_kinds       # the zoo ops' import tests (tests/frontend/test_import_*.py)
+    covered = {c.op for c in CASES} | {"FusedConv", "FusedGemm"} | covered_kinds()
     missing = sorted(k for k in set(REGISTRY) - covered if not _is_quant(k))
     assert not missing, f"op kinds without an x86 test: {missing}"
 

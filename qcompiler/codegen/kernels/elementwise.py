@@ -216,12 +216,75 @@ def _build_lrn(ctx, a, ins, outs):
     return [Lazy(x.shape, outs[0].dtype, fn)]
 
 
+# ---- comparisons, logic, selection (bool results: not conv/gemm epilogues) ----
+def _sign(x, a):
+    z = _f(x, 0)
+    return tirx.Select(x > z, _f(x, 1), tirx.Select(x < z, _f(x, -1), z))
+
+
+def _isinf(x, a):
+    inf = tirx.isinf(x)
+    if not a["detect_positive"]:
+        inf = tirx.all(inf, x < _f(x, 0))
+    if not a["detect_negative"]:
+        inf = tirx.all(inf, x > _f(x, 0))
+    return inf
+
+
+def _mod(x, y, a):
+    if dtype_of(x).startswith("float"):
+        return x - tirx.trunc(x / y) * y       # C fmod (ONNX: floats need fmod=1); LLVM lowers no tirx.fmod
+    return tirx.truncmod(x, y) if a["fmod"] else tirx.floormod(x, y)
+
+
+LOGIC_UNARY = {"Not": lambda x, a: tirx.Not(x), "IsNaN": lambda x, a: tirx.isnan(x), "IsInf": _isinf}
+def _cmp(fn):
+    def f(x, y):
+        if dtype_of(x) == "bool":         # TVM's LLVM codegen emits fcmp for i1 operands
+            x, y = cast(x, "int8"), cast(y, "int8")
+        return fn(x, y)
+    return f
+
+
+LOGIC_BINARY = {
+    "Equal": _cmp(tirx.EQ), "Less": _cmp(tirx.LT), "Greater": _cmp(tirx.GT), "LessOrEqual": _cmp(tirx.LE),
+    "GreaterOrEqual": _cmp(tirx.GE), "And": tirx.And, "Or": tirx.Or, "Xor": _cmp(tirx.NE),
+}
+UNARY["Sign"] = _sign
+
+
+def _build_where(ctx, a, ins, outs):
+    c, x, y = ins
+    return [Lazy(outs[0].shape, outs[0].dtype,
+                 lambda idx: tirx.Select(c.at(broadcast_index(idx, c.shape)), x.at(broadcast_index(idx, x.shape)),
+                                         y.at(broadcast_index(idx, y.shape))))]
+
+
+def _build_prelu(ctx, a, ins, outs):
+    x, s = ins
+
+    def fn(idx):
+        v = x.at(idx)
+        return tirx.Select(v < _f(v, 0), v * s.at(broadcast_index(idx, s.shape)), v)
+    return [Lazy(outs[0].shape, outs[0].dtype, fn)]
+
+
+def _build_mod(ctx, a, ins, outs):
+    x, y = ins
+    return [Lazy(outs[0].shape, outs[0].dtype,
+                 lambda idx: _mod(x.at(broadcast_index(idx, x.shape)), y.at(broadcast_index(idx, y.shape)), a))]
+
+
 BUILDERS = {k: _unary(f) for k, f in UNARY.items()}
 BUILDERS.update({k: _binary(f) for k, f in BINARY.items()})
 BUILDERS["Pow"] = _build_pow
 BUILDERS["Cast"] = _build_cast
 BUILDERS["BatchNormalization"] = _build_batchnorm
+BUILDERS.update({k: _unary(f) for k, f in LOGIC_UNARY.items()})
+BUILDERS.update({k: _binary(f) for k, f in LOGIC_BINARY.items()})
+BUILDERS.update({"Where": _build_where, "PRelu": _build_prelu, "Mod": _build_mod})
 
 # ops that read their operands at the output index (up to broadcasting): a conv/gemm epilogue
-ELEMENTWISE = frozenset(BUILDERS)
+# (bool results are left out: a conv/gemm kernel writes its own dtype)
+ELEMENTWISE = frozenset(BUILDERS) - frozenset(LOGIC_UNARY) - frozenset(LOGIC_BINARY)
 BUILDERS["LRN"] = _build_lrn          # reads neighbouring channels: fused, but not an epilogue

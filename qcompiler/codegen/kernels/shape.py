@@ -195,13 +195,54 @@ def _resize(ctx, a, ins, outs):
     return [Lazy(shape, outs[0].dtype, fn)]
 
 
+# ---- GatherND / ScatterND -----------------------------------------------------------------------
+def _gather_nd(ctx, a, ins, outs):
+    """out[i_0..i_{q-2}, rest] = x[batch, *ind[i_0..i_{q-2}, :], rest] (batch = the first batch_dims)."""
+    x, ind = ins
+    b, q, k = a["batch_dims"], ind.rank, ind.shape[-1]
+
+    def fn(idx):
+        pre = tuple(idx[:q - 1])
+        coords = []
+        for j in range(k):
+            c = cast(ind.at(pre + (_i(j),)), I32)
+            coords.append(tirx.Select(c < 0, c + _i(x.shape[b + j]), c))
+        return x.at(tuple(idx[:b]) + tuple(coords) + tuple(idx[q - 1:]))
+    return [Lazy(outs[0].shape, outs[0].dtype, fn)]
+
+
+def _scatter_nd(ctx, a, ins, outs):
+    """With constant indices: a compile-time map from each addressed slice of data to the update
+    row that writes it (-1: none; a repeated index keeps the last row, as the reference does)."""
+    x, _, upd = ins
+    data = ctx.const_data(1)
+    if data is None:
+        raise NotImplementedError("ScatterND needs constant indices (run-time indices are not lowered)")
+    k = data.shape[-1]
+    if k == 0:
+        raise NotImplementedError("ScatterND with an empty index tuple")
+    rows = np.asarray(data, np.int64).reshape(-1, k)
+    rows = np.where(rows < 0, rows + np.array(x.shape[:k]), rows)
+    table = np.full(x.shape[:k], -1, np.int32)
+    for i, row in enumerate(rows):
+        table[tuple(row)] = i
+    tt = ctx.param(table, "scatter_rows", keep_dtype=True)
+    lead = tuple(data.shape[:-1])
+
+    def fn(idx):
+        r = cast(tt[tuple(idx[:k])], I32)
+        u = upd.at(unravel(tirx.max(r, _i(0)), lead) + tuple(idx[k:]))
+        return tirx.Select(r >= 0, u, x.at(idx))
+    return [Lazy(outs[0].shape, outs[0].dtype, fn)]
+
+
 BUILDERS = {
     "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _reshape, "Unsqueeze": _reshape,
     "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice, "Pad": _pad,
-    "Gather": _gather, "Expand": _expand, "Resize": _resize,
+    "Gather": _gather, "Expand": _expand, "Resize": _resize, "GatherND": _gather_nd, "ScatterND": _scatter_nd,
 }
 # pure index maps that may be duplicated into several consumer kernels instead of stored
 VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Split", "Slice", "Gather",
-                   "Expand", "Identity", "Dropout"})
+                   "Expand", "Identity", "Dropout", "GatherND"})
 # reshapes: a stored plain value reshaped needs no kernel at all
 RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
