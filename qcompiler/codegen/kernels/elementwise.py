@@ -165,7 +165,7 @@ def _build_cast(ctx, a, ins, outs):
     def fn(idx):
         v = x.at(idx)
         if to == "bool":
-            return v != const(0, dtype_of(v))
+            return tirx.NE(v, const(0, dtype_of(v)))      # (a te load's != is a lazy NotEqualOp)
         if dtype_of(v).startswith("float") and not to.startswith("float"):
             v = tirx.trunc(v)          # float -> int casts truncate toward zero (as ONNX / C)
         return cast(v, to)

