@@ -685,9 +685,13 @@ def _einsum(b, n, a):
             continue
         m, k = int(np.prod([dx[lab] for lab in fx])), int(np.prod([dx[lab] for lab in contr]))
         nn = int(np.prod([dy[lab] for lab in fy]))
-        xs = arrange(x, batch + fx + contr, [dx[lab] for lab in batch] + [m, k])
         ys = arrange(y, batch + contr + fy, [dy[lab] for lab in batch] + [k, nn])
-        mm = op("MatMul", [xs, ys], {}, batch + ["?m", "?n"], bshape + [m, nn])
+        if batch:
+            xs = arrange(x, batch + fx + contr, [dx[lab] for lab in batch] + [m, k])
+            mm = op("MatMul", [xs, ys], {}, batch + ["?m", "?n"], bshape + [m, nn])
+        else:       # x's free axes stay axes (an N-D MatMul): a leading batch is never merged into rows
+            xs = arrange(x, fx + contr, [dx[lab] for lab in fx] + [k])
+            mm = op("MatMul", [xs, ys], {}, fx + ["?n"], [dx[lab] for lab in fx] + [nn])
         x = arrange(mm, mm.labels, res_shape)
         x.labels = batch + fx + fy
     res = arrange(x, out)

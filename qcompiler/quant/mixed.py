@@ -36,6 +36,8 @@ from ..errors import UserError
 from ..ir.graph import Graph
 
 DEFAULT_FLOAT = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Erf", "Gelu")   # no integer kernel: float by rule
+DEFAULT_FLOAT += ("PRelu", "Where", "Sign", "Mod", "GatherND", "ScatterND")      # the zoo ops (comparisons and
+#   logic give bool, never quantized)
 OP_PREFIX = "op:"
 
 

@@ -93,3 +93,34 @@ def test_minilm_int8_weights_fp32():
              "attention_mask": (np.arange(n) < 100).astype(np.int64)[None],     # 28 padding tokens
              "token_type_ids": np.zeros((1, n), np.int64)}
     _close(run_x86(g, feeds), ort_run(path, feeds), 1e-4, "minilm")
+
+
+def test_int8_build_of_a_model_with_logic_ops(tmp_path):
+    """Conv -> Relu -> Greater -> Where -> PRelu -> Conv -> Einsum through ``qcompile --dtype int8``:
+    the convs become QLinearConv, the bool/select/PRelu ops stay float, the artifact runs (random
+    calibration: bound 0.2 * max|ref|, measured 0.06)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    import qcompiler.api as qc
+    from qcompiler.cli import main
+    rng = np.random.default_rng(0)
+    consts = {"w1": rng.uniform(-.5, .5, (8, 3, 3, 3)), "w2": rng.uniform(-.5, .5, (8, 8, 3, 3)), "th": 0.3,
+              "zero": 0.0, "sl": rng.uniform(0, .3, (8, 1, 1)), "proj": rng.uniform(-1, 1, (8, 4))}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Greater", ["r1", "th"], ["m"]), helper.make_node("Where", ["m", "r1", "zero"], ["wh"]),
+             helper.make_node("PRelu", ["wh", "sl"], ["p"]), helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Einsum", ["c2", "proj"], ["y"], equation="bchw,cd->bdhw")]
+    g = helper.make_graph(nodes, "mix", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path, out = tmp_path / "mix.onnx", tmp_path / "mix_int8"
+    onnx.save(m, path)
+    assert main([str(path), "--target", "x86", "--dtype", "int8", "--calib", "random", "--calib-samples", "16",
+                 "-q", "-o", str(out)]) == 0
+    layers = json.loads((out / "report.json").read_text())["layers"]
+    prec = {d["kind"]: d["precision"] for d in layers}
+    assert prec["QLinearConv"] in ("uint8", "int8") and prec["Greater"] == prec["Where"] == prec["PRelu"] == "float"
+    x = rng.uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
+    _close(qc.load(out)(x), ort_run(m, {"x": x}), 0.2, "logic int8")
