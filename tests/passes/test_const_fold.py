@@ -141,4 +141,5 @@ def test_numpy_kernel_matches_onnxruntime(kind):
 
 
 def test_every_kernel_is_tested():
-    assert set(KERNELS) - set(KERNEL_CASES) <= {"Dropout", "Sqrt", "Log", "Ceil"}
+    from opcases import covered_kinds      # the zoo ops' kernels: interpreter vs ORT in tests/frontend/test_import_*.py
+    assert set(KERNELS) - set(KERNEL_CASES) - covered_kinds() <= {"Dropout", "Sqrt", "Log", "Ceil"}
