@@ -5,6 +5,8 @@ Each converter reads the node through the importer's builder ``b`` and emits nor
 inputs that must be constant (Reshape's shape, Clip's bounds, Pad's pads, Slice's starts/ends,
 Resize's scales/sizes, Squeeze/Unsqueeze/Reduce axes, Split sizes) turned into attributes, negative
 axes made non-negative, and opset differences (Softmax before 13, attribute vs input forms) removed.
+Some operators have no IR op and are lowered here: Einsum (Transpose/ReduceSum/Reshape/MatMul/Mul),
+Tile (Reshape/Expand/Reshape), Sum (Add chains), ConstantOfShape of a static shape (a constant).
 
 Builder API used here: ``b.val(name)`` (IR value; constants are materialized), ``b.const(name)``
 (numpy value or None), ``b.need_const(n, i, what)``, ``b.emit(n, kind, operands, attrs, outputs=...)``,

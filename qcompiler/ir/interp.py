@@ -3,7 +3,8 @@
 ``evaluate(op, arrays)`` computes an op's results from numpy arrays for its operands, following
 ONNX semantics with the IR's normalized attributes (see :mod:`.ops`). It covers elementwise math
 and activations, shape ops (Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Slice,
-Gather, Expand, Pad, Cast), reductions, Softmax, MatMul, Gemm and BatchNormalization: what
+Gather, Expand, Pad, Cast), comparisons and logic (bool results), Where, PRelu, Sign, Mod,
+GatherND, ScatterND, reductions, Softmax, MatMul, Gemm and BatchNormalization: what
 constant folding meets on weights and shape arithmetic. Convolutions and pooling are not here;
 whole-model execution goes through onnxruntime.
 
