@@ -54,24 +54,30 @@ def _median_ms(fn, iters: int) -> float:
 
 
 def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:
-    import tvm
     row: dict = {"model": m.name, "group": m.group}
-    stage = "export"
     try:
+        return _bench_model(m, row, tmp, calib_n, eval_n, rounds, iters, threads)
+    except Exception as e:                       # noqa: BLE001 - a row per model, whatever failed
+        msg = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
+        row["failed"] = f"{row.pop('_stage', 'run')}: {type(e).__name__}: {msg}"
+        return row
+
+
+def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:
+    import tvm
+    row["_stage"] = "export"
+    if True:
         path = m.path()
         calib, evals = m.feeds(calib_n, seed=0), m.feeds(eval_n, seed=1)
-        stage = "fp32"
+        row["_stage"] = "fp32"
         ours32 = build(m, "fp32", tmp / f"{m.name}.fp32")
         row["compile_fp32_s"] = ours32.seconds
-        stage = "int8"
+        row["_stage"] = "int8"
         ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=calib)
         row["compile_int8_s"] = ours8.seconds
-        stage = "ort-int8"
+        row["_stage"] = "ort-int8"
         ort_q_path = zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
-    except Exception as e:                       # noqa: BLE001 - a row per model, whatever failed
-        row["failed"] = f"{stage}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:160] if str(e).strip() else ''}"
-        return row
-    stage = "run"
+    row["_stage"] = "run"
     ort32, ort8 = zoo.ort_session(path, threads), zoo.ort_session(ort_q_path, threads)
     refs, mine32, mine8, theirs8 = [], [], [], []
     for f in evals:
@@ -103,6 +109,7 @@ def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int
     row["fp32_ratio"] = row["ours_fp32_ms"] / row["ort_fp32_ms"]
     row["int8_ratio"] = row["ours_int8_ms"] / row["ort_int8_ms"]
     row["int8_vs_fp32"] = row["ours_int8_ms"] / row["ours_fp32_ms"]
+    del row["_stage"]
     return row
 
 

@@ -196,6 +196,10 @@ def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path) -> Path:
             for d, n in zip(dims, model.inputs[v.name][1]):
                 d.Clear()
                 d.dim_value = n
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:                                   # per-channel QDQ (DequantizeLinear axis) needs 13
+        from onnx import version_converter
+        m = version_converter.convert_version(m, 13)
     fixed = out.with_name(out.stem + ".static.onnx")
     pre = out.with_name(out.stem + ".pre.onnx")
     onnx.save(m, str(fixed))
@@ -211,6 +215,11 @@ def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path) -> Path:
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    import contextlib
+    import io
+    import warnings
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return out
