@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 
-def import_onnx(path, input_shapes=None):
+def import_onnx(path, input_shapes=None, input_values=None):
     from .frontend.onnx_import import import_onnx as f
-    return f(path, input_shapes)
+    return f(path, input_shapes, input_values)
 
 
 def export_onnx(graph):

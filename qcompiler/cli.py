@@ -38,6 +38,10 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDxD",
                    help="static shape for an input with dynamic dimensions, e.g. x=1x3x224x224 "
                         "(repeatable; a dynamic batch alone defaults to 1 with a warning)")
+    p.add_argument("--input-value", action="append", default=[], metavar="NAME=V[,V...]",
+                   help="bind an input to a constant, e.g. sr=16000 (scalar or comma list, cast to the input's "
+                        "declared type; repeatable): it folds into the model and is no longer an input. "
+                        "Resolves If branches chosen by such an input")
     p.add_argument("--passes", default=None, metavar="PIPELINE",
                    help="comma-separated passes to run, 'default' or 'none' (see --list-passes)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
@@ -279,7 +283,13 @@ def load_model(args):
     for plugin in args.plugin:
         from .passes import load_plugin
         load_plugin(plugin)
-    return import_onnx(args.model, parse_input_shapes(args.input_shape) or None)
+    return import_onnx(args.model, parse_input_shapes(args.input_shape) or None,
+                       parse_input_values(args.input_value) or None)
+
+
+def parse_input_values(specs: list[str]) -> dict:
+    from .frontend.onnx_control import parse_input_value
+    return dict(parse_input_value(s) for s in specs)
 
 
 def _qdq_weights_arg(p) -> None:

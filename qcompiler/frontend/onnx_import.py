@@ -36,7 +36,8 @@ def dtype_name(code: int) -> str:
         return f"code {code} (not an ONNX type)"
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
-from .onnx_load import check_graph, default_opset, load_model, node_label
+from .onnx_load import check_graph, default_opset, live_nodes, load_model, node_inputs, node_label
+from .onnx_control import bind_inputs
 from .onnx_ops import CONVERTERS
 from . import onnx_qdq  # noqa: F401  (registers the QuantizeLinear/DequantizeLinear/... converters)
 
@@ -60,9 +61,14 @@ def supported_ops() -> list[str]:
 
 
 def import_onnx(src: "str | os.PathLike | onnx.ModelProto",
-                input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
-    """Import an ONNX model (a path or a ModelProto) into a verified IR graph with static shapes."""
+                input_shapes: Mapping[str, Sequence[int]] | None = None,
+                input_values: Mapping[str, "np.ndarray | int | float | Sequence"] | None = None) -> Graph:
+    """Import an ONNX model (a path or a ModelProto) into a verified IR graph with static shapes.
+
+    ``input_values`` binds inputs to constants (cast to their declared type): they fold into the
+    graph and are no longer inputs, e.g. ``{"sr": 16000}`` for a model that branches on it."""
     model, where = load_model(src)
+    model = bind_inputs(model, input_values, input_shapes, where)
     nodes = _live(check_graph(model, where), [o.name for o in model.graph.output])
     inits = {t.name for t in model.graph.initializer}
     inputs = _input_types(model, inits, input_shapes, where)
@@ -104,12 +110,7 @@ def _check_sizes(g: Graph, where: str) -> None:
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
     """The nodes the graph outputs depend on (dead nodes are dropped before conversion)."""
-    need, keep = set(outputs), []
-    for n in reversed(nodes):
-        if any(o in need for o in n.output):
-            keep.append(n)
-            need.update(n.input)
-    return keep[::-1]
+    return live_nodes(nodes, outputs)
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -212,9 +213,25 @@ def _onnx_shape_inference(model, nodes, inputs, where) -> dict[str, tuple[str, t
     try:
         m = onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
+            # ONNX's strict inference rejects If branches of different ranks (silero_vad's squeeze-or-not),
+            # which the importer resolves by inlining the taken branch: cross-check what it can tell
+            return _lenient_shape_inference(m)
         msg = " ".join(str(e).split())
         raise UserError(f"ONNX shape inference failed: {msg}", where,
                         "check --input-shape against the sizes the model accepts") from None
+    return _inferred_types(m)
+
+
+def _lenient_shape_inference(m: onnx.ModelProto) -> dict[str, tuple[str, tuple | None]]:
+    """Non-strict inference (nothing where even that fails): the types of a model with subgraphs."""
+    try:
+        return _inferred_types(onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False))
+    except Exception:
+        return {}
+
+
+def _inferred_types(m: onnx.ModelProto) -> dict[str, tuple[str, tuple | None]]:
     out = {}
     for v in list(m.graph.value_info) + list(m.graph.output):
         if not v.type.HasField("tensor_type"):
@@ -248,7 +265,7 @@ class _Builder:
         self.values: dict[str, Value] = {}          # ONNX name -> IR value
         self.names = {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
         self.names |= {o for n in model.graph.node for o in n.output}
-        self.uses = {x for n in nodes for x in n.input} | {o.name for o in model.graph.output}
+        self.uses = {x for n in nodes for x in node_inputs(n)} | {o.name for o in model.graph.output}
         self._fresh = 0
 
     # -- the walk -------------------------------------------------------------------------------

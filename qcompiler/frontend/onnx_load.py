@@ -133,6 +133,43 @@ def _load_external_data(model: onnx.ModelProto, base: str | None, where: str) ->
 
 
 # ---- graph structure --------------------------------------------------------------------------
+def subgraph_inputs(n: onnx.NodeProto) -> list[str]:
+    """Outer-scope tensors that ``n``'s subgraphs (If branches, Loop/Scan bodies) read, at any depth:
+    implicit inputs of ``n`` for ordering and liveness."""
+    out: list[str] = []
+
+    def walk(g: onnx.GraphProto, outer_defined: set[str]) -> None:
+        defined = outer_defined | {t.name for t in g.initializer} | {v.name for v in g.input}
+        defined |= {o for x in g.node for o in x.output}
+        for x in g.node:
+            out.extend(i for i in x.input if i and i not in defined)
+            for a in x.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    walk(sub, defined)
+        out.extend(o.name for o in g.output if o.name not in defined)
+
+    for a in n.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            walk(sub, set())
+    return list(dict.fromkeys(out))
+
+
+def node_inputs(n: onnx.NodeProto) -> list[str]:
+    """The tensors ``n`` reads: its inputs and what its subgraphs read from outside them."""
+    ins = [x for x in n.input if x]
+    return ins + subgraph_inputs(n) if n.attribute else ins
+
+
+def live_nodes(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """The nodes (topologically ordered) that ``outputs`` depend on."""
+    need, keep = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            keep.append(n)
+            need.update(node_inputs(n))
+    return keep[::-1]
+
+
 def node_label(n: onnx.NodeProto, i: int | None = None) -> str:
     name = n.name or (f"#{i}" if i is not None else "")
     return f"{n.op_type} '{name}'" if name else n.op_type
@@ -194,16 +231,16 @@ def check_graph(model: onnx.ModelProto, where: str) -> list[onnx.NodeProto]:
         if o.name not in defined:
             raise UserError(f"graph output '{o.name}' is not produced by anything", where,
                             "the model is malformed; re-export it")
-    return _toposort(gr.node, producer, where)
+    return toposort(gr.node, producer, where)
 
 
-def _toposort(nodes, producer: dict[str, int], where: str) -> list[onnx.NodeProto]:
+def toposort(nodes, producer: dict[str, int], where: str) -> list[onnx.NodeProto]:
     """Kahn's algorithm, stable (keeps file order where legal)."""
     import heapq
     deps = [set() for _ in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
-        for x in n.input:
+        for x in node_inputs(n):
             p = producer.get(x)
             if p is not None and p not in deps[i]:
                 deps[i].add(p)

@@ -704,3 +704,7 @@ def _einsum(b, n, a):
     else:
         kind, ops, attrs = res.pending
         b.emit(n, kind, [real(o) for o in ops], attrs)
+
+
+# ---- operators in their own modules (they register into CONVERTERS on import) ------------------
+from . import onnx_control, onnx_rnn  # noqa: E402,F401
