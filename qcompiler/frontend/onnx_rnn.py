@@ -36,16 +36,23 @@ class _Emitter:
 
     def __init__(self, b, n):
         self.b, self.n, self.base = b, n, b.node_name(n)
+        self.shared: dict = {}
 
     def op(self, kind, operands, attrs, tag, n_out=1, out=None):
         names = [out] if out else [self.b.fresh(f"{self.base}/{tag}") for _ in range(n_out)]
         res = self.b.emit(self.n, kind, operands, attrs, outputs=names, op_name=names[0], check=out is not None)
         return res if n_out > 1 else res[0]
 
-    def const(self, arr, tag):
+    def const(self, arr, tag, key=None):
+        """A constant value; with ``key``, one shared by every step (the recurrent weights)."""
+        if key is not None and key in self.shared:
+            return self.shared[key]
         name = self.b.fresh(f"{self.base}/{tag}")
         self.b.set_const(name, np.ascontiguousarray(arr))
-        return self.b.val(name)
+        v = self.b.val(name)
+        if key is not None:
+            self.shared[key] = v
+        return v
 
     def chain(self, x, steps, out):
         """Apply ``steps`` ([(kind, attrs)]) to ``x`` in turn; the last result is named ``out``."""
@@ -134,6 +141,7 @@ class _Rnn:
 
     def run(self, cell, state_inputs: list[int]) -> None:
         """Unroll ``cell(d, xw_t, state) -> state`` (state[0] is h) and emit the outputs."""
+        self.b.g.meta["fixed_batch"] = True       # the Reshapes fix the batch: no batched evaluation
         hs_all, finals = [], []
         for d, direction in enumerate(self.dirs):
             xw = self.steps(d, self.input_bias(d))
@@ -180,8 +188,9 @@ class _Rnn:
     def zero_if_none(self, v):
         return v if v is not None else self.e.const(np.zeros((self.batch, self.H), self.x.dtype), "zero")
 
-    def gemm(self, h, w, tag, bias=None):
-        ops = [h, self.e.const(w, "R")] + ([self.e.const(bias, "Rb")] if bias is not None else [])
+    def gemm(self, h, w, tag, d, bias=None):
+        """``h w^T (+ bias)``; ``w`` and ``bias`` are stored once per direction and ``tag``."""
+        ops = [h, self.e.const(w, "R", (tag, d))] + ([self.e.const(bias, "Rb", (tag, d, "b"))] if bias is not None else [])
         return self.e.op("Gemm", ops, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}, tag)
 
 
@@ -193,7 +202,7 @@ class _Lstm(_Rnn):
     def cell(self, d, xw, state):
         e, H = self.e, self.H
         h, c = state
-        g = xw if h is None else e.op("Add", [xw, self.gemm(h, self.r[d], "hr")], {}, "gates")
+        g = xw if h is None else e.op("Add", [xw, self.gemm(h, self.r[d], "hr", d)], {}, "gates")
         s, cc = e.op("Split", [g], {"axis": 1, "split": [3 * H, H]}, "split", n_out=2)
         i, o, f = e.op("Split", [e.op("Sigmoid", [s], {}, "ifo")], {"axis": 1, "split": [H, H, H]}, "gate", n_out=3)
         ic = e.op("Mul", [i, e.op("Tanh", [cc], {}, "cand")], {}, "ic")
@@ -220,18 +229,18 @@ class _Gru(_Rnn):
         if h is None:
             zr = xzr
         elif self.lbr:
-            hzr, hh = e.op("Split", [self.gemm(h, r_w, "hr", np.concatenate([np.zeros(2 * H, rbh.dtype), rbh]))],
+            hzr, hh = e.op("Split", [self.gemm(h, r_w, "hr", d, np.concatenate([np.zeros(2 * H, rbh.dtype), rbh]))],
                            {"axis": 1, "split": [2 * H, H]}, "hsplit", n_out=2)
             zr = e.op("Add", [xzr, hzr], {}, "zr")
         else:
-            zr = e.op("Add", [xzr, self.gemm(h, r_w[:2 * H], "hzr")], {}, "zr")
+            zr = e.op("Add", [xzr, self.gemm(h, r_w[:2 * H], "hzr", d)], {}, "zr")
         z, r = e.op("Split", [e.op("Sigmoid", [zr], {}, "zr_act")], {"axis": 1, "split": [H, H]}, "gate", n_out=2)
         if h is None:
-            rec = e.op("Mul", [r, e.const(rbh, "Rbh")], {}, "rh") if self.lbr and rbh.any() else None
+            rec = e.op("Mul", [r, e.const(rbh, "Rbh", ("rbh", d))], {}, "rh") if self.lbr and rbh.any() else None
         elif self.lbr:
             rec = e.op("Mul", [r, hh], {}, "rh")
         else:
-            rec = self.gemm(e.op("Mul", [r, h], {}, "rh"), r_w[2 * H:], "hh")
+            rec = self.gemm(e.op("Mul", [r, h], {}, "rh"), r_w[2 * H:], "hh", d)
         pre = xh if rec is None else e.op("Add", [xh, rec], {}, "cand_pre")
         ht = e.op("Tanh", [pre], {}, "cand")
         if h is None:                          # h = (1 - z) * ht

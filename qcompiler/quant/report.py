@@ -196,7 +196,7 @@ def chunks(data: EvalData, size: int, batch: int) -> Iterator[tuple[dict[str, np
 
 # ---- layers ------------------------------------------------------------------------------------------
 def _is_layer(op: Op, float_layers: set[str]) -> bool:
-    if op.kind == "DequantizeLinear" or not op.results:
+    if op.kind == "DequantizeLinear" or len(op.results) != 1:      # multi-result ops (Split) are not layers
         return False
     return op.result.type.quant is not None or op.name in float_layers
 
@@ -204,7 +204,7 @@ def _is_layer(op: Op, float_layers: set[str]) -> bool:
 def quantized_ops(graph: Graph) -> list[Op]:
     """The ops whose result is a quantized value, in graph order (what the report calls the
     quantized layers)."""
-    return [op for op in graph.ops if op.results and op.result.type.quant is not None]
+    return [op for op in graph.ops if len(op.results) == 1 and op.result.type.quant is not None]
 
 
 def _method(scheme: dict, percentile: float | None) -> str:
@@ -272,8 +272,11 @@ class _Energy:
 
 
 def _chunk_size(fp32: Graph, int8: Graph, batch: int, given: Graph | None = None) -> int:
-    """Samples per chunk: a multiple of the batch whose intermediates fit MEMORY_BUDGET."""
+    """Samples per chunk: a multiple of the batch whose intermediates fit MEMORY_BUDGET; just the
+    batch for a graph that only runs at its own (``meta["fixed_batch"]``: unrolled recurrences)."""
     graphs = (fp32, int8) if given is None else (fp32, int8, given)
+    if any(g.meta.get("fixed_batch") for g in graphs):
+        return max(batch, 1)
     per_batch = sum(int(np.prod(v.shape or (1,))) * np.dtype(np_dtype(v.dtype)).itemsize
                     for g in graphs for op in g.ops for v in op.results)
     k = max(1, min(MAX_CHUNK // max(batch, 1), MEMORY_BUDGET // max(per_batch, 1)))

@@ -405,7 +405,11 @@ def _folded_bias(w: np.ndarray, bias, z: int) -> np.ndarray:
 
 
 def _wrapping_add(x, y):
-    """int32 ``x + y`` modulo 2^32, as an unsigned add (no ``nsw`` flag: see :func:`requantized`)."""
+    """int32 ``x + y`` modulo 2^32, as an unsigned add (no ``nsw`` flag: see :func:`requantized`).
+    An immediate ``y`` (every channel's folded bias equal, e.g. one output channel) is wrapped here:
+    TVM cannot cast a negative immediate to uint32."""
+    if isinstance(y, tirx.IntImm):
+        y = tirx.const(int(y.value) & 0xFFFFFFFF, "uint32")
     return tirx.reinterpret(I32, cast(x, "uint32") + cast(y, "uint32"))
 
 
