@@ -462,6 +462,10 @@ DOT_CONVS = [  # (storage, C, O, group, kernel, strides, dilations, pads, activa
     ("int8", 1, 16, 1, (5, 5), (2, 2), (1, 2), (2, 1, 0, 3), ""),           # 5x5 (folds for q = 2 and 4), dilated
     ("uint8", 1, 8, 1, (3, 3), (1, 2), (2, 1), (0, 2, 1, 1), "Clip"),       # strided, asymmetric pads
     ("uint8", 1, 8, 1, (2, 2), (1, 1), (1, 1), (0, 0, 1, 1), ""),           # even width: one group of taps (vpdpbusd: two zero)
+    # one or two output channels (a segmentation/VAD head): padded to a register of 4
+    ("uint8", 8, 1, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), ""),
+    ("int8", 16, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "Relu"),
+    ("uint8", 8, 2, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), ""),
 ]
 
 

@@ -286,10 +286,35 @@ def _write_back(sch, vw):
     differently from the accumulator cannot be inlined and gets its own parallel, vectorized nest."""
     out = _block(sch, "out")
     if out is not None:
-        try:
-            sch.reverse_compute_inline(out)
-        except Exception:  # noqa: BLE001 - TVM raises its own error types for an illegal inline
-            _spatial_nest(sch, out, vw)
+        if _covers_producers(sch, out):
+            try:
+                sch.reverse_compute_inline(out)
+                return
+            except Exception:  # noqa: BLE001 - TVM raises its own error types for an illegal inline
+                pass
+        _spatial_nest(sch, out, vw)
+
+
+def _covers_producers(sch, blk) -> bool:
+    """Whether ``blk`` has as many iterations as each buffer it reads from a producer block has
+    elements. Reverse-inlining a consumer that reads only part of its producer (an accumulator padded
+    to a register of 4 output channels, of which the output keeps 1: ``out[c] = f(acc[4c])``) is
+    wrong in TVM 0.27: it solves the producer's index for the consumer's ``c = 0`` and drops the
+    lane, so every padded lane's write-back stores into the same output element and the last one,
+    a padding channel, wins (a one-channel int8 conv head returned its bias alone)."""
+    n = 1
+    for iv in sch.get(blk).iter_vars:
+        n *= int(iv.dom.extent)
+    read = {r.source for r in sch.get(blk).reads}
+    for prod in sch.get_producers(blk):
+        for w in sch.get(prod).writes:
+            if w.source in read:
+                size = 1
+                for d in w.source.shape:
+                    size *= int(d)
+                if size != n:
+                    return False
+    return True
 
 
 def conv2d(sch, vw, reg_n, pad):
