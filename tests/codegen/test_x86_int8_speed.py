@@ -5,9 +5,10 @@ with the numpy oracle, and do what they claim in the generated code:
   (``tirx.nearbyint``/``tirx.isnan`` made its loop scalar): ties, NaN, ±inf, huge values exact;
 * QLinearMul computes a broadcast operand built in the kernel (the squeeze-excite gate
   Q(HardSigmoid(DQ(s))), a table lookup) once, in a "hoist" stage, not per output element;
-* conv/gemm epilogues add the folded bias to the int32 accumulator as a wrapping uint32 add, so
-  the requantization product stays one ``vpmuldq`` (no ``vpmullq`` in the code): exact on
-  accumulators at the extremes, with large folded biases, and where the int32 sum wraps;
+* conv/gemm epilogues add the folded bias to the int32 accumulator as a wrapping int32 add (an
+  int64 add truncated), so the requantization product stays one ``vpmuldq`` (no ``vpmullq`` in
+  the code): exact on accumulators at the extremes, with large folded biases, where the int32 sum
+  wraps, and with an immediate negative fold (one output channel; a uint32 add was ``nuw``);
 * the x86 schedules launch threads only for kernels whose estimated serial time pays for it.
 
 The tests that assert the structure of generated code compile for every CPU of ``X86_LEVELS`` (an
@@ -162,6 +163,38 @@ def test_wrapping_add_is_int32_modular():
     lib["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys), got)
     want = ((xs.astype(np.int64) + ys) + 2 ** 31) % 2 ** 32 - 2 ** 31
     np.testing.assert_array_equal(got.numpy(), want.astype(np.int32))
+
+
+@pytest.mark.parametrize("fold", [-428, -4244, 3662, -2 ** 31])
+def test_wrapping_add_of_an_immediate_then_requantized(fold):
+    """One output channel: the folded bias, multiplier and shift are immediates (``_channel_vec``)
+    and the narrow (high word) requantization follows the add, vectorized as the kernels are. With
+    the bias added as ``reinterpret(int32, uint32(acc) + uint32(fold))`` TVM emitted ``add nuw``,
+    and for a negative fold LLVM concluded from it that the sum is negative (poison otherwise):
+    every result with acc + fold >= 0 came out as if 2^32 lower (a 1-channel QLinearConv head
+    returned its clamp floor). fold = -2^31 where the sum wraps: the form ``int32(int64(acc) +
+    fold)`` was bounded by TVM to [-2^31, -1], and the simplifier dropped the upper clamp."""
+    qp = QuantParams("int8", (0.05,), (3,))
+    m, s = 1154613154, 38
+    ctx = _Ctx()
+    rq = kquant.requant_fn(ctx, {"multiplier": [m], "shift": [s], "activation": "", "activation_params": []},
+                           TensorType((1, 1), "int8", qp), 1)
+    fb = kquant._channel_vec(ctx, [fold], "int32", "qbias")
+    assert not ctx.params                              # all immediates: the case that failed
+    accs = np.concatenate([np.arange(-70000, 70000, 7, dtype=np.int64), [2 ** 31 - 1, -2 ** 31, -fold]])
+    accs = accs[(accs >= -2 ** 31) & (accs < 2 ** 31)].astype(np.int32)
+    n = accs.size
+    acc = te.placeholder((n,), "int32", name="acc")
+    out = te.compute((n,), lambda i: rq(kquant._wrapping_add(acc[i], fb(0)), 0), name="out")
+    sch = sched.s_tir.Schedule(te.create_prim_func([acc, out]))
+    (i,) = sch.get_loops(sch.get_sblock("out"))
+    sch.vectorize(sch.split(i, [None, 16])[1])
+    lib = tvm.compile(sch.mod, target=TargetSpec("x86").host_tvm)
+    got = tvm.runtime.empty((n,), "int32")
+    lib["main"](tvm.runtime.tensor(accs), got)
+    v = (accs.astype(np.int64) + fold + 2 ** 31) % 2 ** 32 - 2 ** 31           # the int32 sum, wrapped
+    want = np.clip(((v.astype(object) * m + (1 << (s - 1))) >> s).astype(np.int64) + 3, -128, 127)
+    np.testing.assert_array_equal(got.numpy(), want)
 
 
 def _elementwise(n):

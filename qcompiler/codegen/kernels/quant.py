@@ -384,13 +384,11 @@ def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
     requantized with :func:`requant_fn`.
 
     The sum ``acc + fold_c`` is exact in wrapping int32 arithmetic (the true accumulator fits
-    int32; the reference checks it), and it is formed as a *uint32* add reinterpreted as int32:
-    TVM marks signed adds ``nsw``, which lets LLVM widen ``sext(acc + fold)`` to
-    ``sext(acc) + sext(fold)``, whose product with m is no longer provably a 32x32-bit one and
-    becomes the 3-uop ``vpmullq``; the unsigned add stays 32-bit and the product one ``vpmuldq``.
-    fold_c is stored in its narrowest integer type (int16 or int32). An earlier form folded the
-    bias into a per-channel int64 ``k_c = fold_c·m_c + r_c``: the same speed, 4-6 more bytes of
-    constant per channel (60 KB of rapidocr-det's int8 library)."""
+    int32; the reference checks it), and it is formed by :func:`_wrapping_add` (an int64 add
+    truncated to 32 bits, which LLVM turns into a flagless 32-bit add) so that the product with m
+    stays one ``vpmuldq``. fold_c is stored in its narrowest integer type (int16 or int32). An
+    earlier form folded the bias into a per-channel int64 ``k_c = fold_c·m_c + r_c``: the same
+    speed, 4-6 more bytes of constant per channel (60 KB of rapidocr-det's int8 library)."""
     k = w.shape[0]
     fb = _channel_vec(ctx, qdot.wrap_int32(_folded_bias(w, bias, z)), I32, "qbias")
     rq = requant_fn(ctx, a, out, k)
@@ -405,12 +403,25 @@ def _folded_bias(w: np.ndarray, bias, z: int) -> np.ndarray:
 
 
 def _wrapping_add(x, y):
-    """int32 ``x + y`` modulo 2^32, as an unsigned add (no ``nsw`` flag: see :func:`requantized`).
-    An immediate ``y`` (every channel's folded bias equal, e.g. one output channel) is wrapped here:
-    TVM cannot cast a negative immediate to uint32."""
-    if isinstance(y, tirx.IntImm):
-        y = tirx.const(int(y.value) & 0xFFFFFFFF, "uint32")
-    return tirx.reinterpret(I32, cast(x, "uint32") + cast(y, "uint32"))
+    """int32 ``x + y`` modulo 2^32, written ``reinterpret(int32, uint32(int64(x) + int64(y)))``:
+    the int64 add cannot overflow and the narrowing cast is a plain ``trunc``, so the wrap-around
+    is defined; LLVM shrinks ``trunc(add nsw (sext x, sext y))`` to a 32-bit ``add`` with no flags,
+    and the sign-extended product with the multiplier stays one ``vpmuldq``. The cast goes to
+    uint32 and is reinterpreted because TVM's bound analysis takes ``Cast(int32, v)`` as
+    ``bound(v) ∩ int32`` (as if it could not wrap): a plain ``int32(int64(x) + int64(y))`` with
+    y = -2^31 was bounded to [-2^31, -1] and the simplifier dropped the requantization's upper
+    clamp; a ``reinterpret`` is bounded by its whole type.
+
+    Neither a signed nor an unsigned int32 add would do. TVM 0.27's LLVM codegen emits a signed
+    add of >= 32 bits as ``add nsw`` (poison on overflow; LLVM also widens ``sext(add nsw)`` to an
+    int64 add, whose product with m becomes the 3-uop ``vpmullq``) and an *unsigned* one as
+    ``add nuw``: poison whenever the uint32 sum carries, which for a negative fold (a large
+    uint32) is whenever ``x + y >= 0``. The earlier form, ``reinterpret(int32, uint32(x) +
+    uint32(y))``, was therefore undefined exactly where the requantized result is positive; with
+    an immediate fold (every channel's fold equal: a one-output-channel conv) LLVM used it: from
+    ``add nuw x, 0xFFFFFE54`` it knew the sum negative, sign-extended it as ``sum - 2^32``, and the
+    conv head returned its clamp floor where the reference gave 127."""
+    return tirx.reinterpret(I32, cast(cast(x, I64) + cast(y, I64), "uint32"))
 
 
 # ---- QLinearGemm ----------------------------------------------------------------------------------

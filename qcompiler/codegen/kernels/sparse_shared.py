@@ -51,6 +51,7 @@ from ...quant.requant import activation_clamp
 from ...sparse import format as sfmt
 from ...sparse.cost import shares_kernel
 from . import qdot
+from .quant import _wrapping_add
 from .tensor import cast
 
 I16, I32, I64 = "int16", "int32", "int64"
@@ -280,11 +281,11 @@ def build(key: Key):
                             T.buffer_store(acc, acc[i] + cast(xcol[row + i] * wv, I32), [i])
                     # the epilogue on this row's tile, LANES columns at a time
                     co, cb = _div(r, cbo), _mod(r, cbo)
-                    fold_r, m_r, s_r = cast(fb[r], "uint32"), cast(mb[r], I64), cast(sb[r], I64)
+                    fold_r, m_r, s_r = cast(fb[r], I32), cast(mb[r], I64), cast(sb[r], I64)
                     with T.serial(0, _div(tirx.min(hw - t * TILE, TILE) + (LANES - 1), LANES)) as j:
                         with T.vectorized(0, LANES) as i:
                             p = tirx.min(t * TILE + j * LANES + i, hw - 1)
-                            a32 = tirx.reinterpret(I32, cast(acc[j * LANES + i], "uint32") + fold_r)
+                            a32 = _wrapping_add(acc[j * LANES + i], fold_r)   # not a uint32 add: TVM emits it `nuw`
                             y = rq(cast(a32, I64) * m_r, s_r, scb[0], scb[1], scb[2])
                             off = ((b * n_o + co) * hw + p) * cbo + cb
                             if resb is not None:
