@@ -211,9 +211,12 @@ def simulated_weight_error(op: Op, per_channel: bool) -> np.ndarray:
 
 
 # ---- empirical variant (optional) ---------------------------------------------------------------
-def mean_inputs(graph: Graph, calib, layers: list[Op]) -> dict[str, np.ndarray]:
+def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = None) -> dict[str, np.ndarray]:
     """Per layer, its data input averaged over the calibration batches and samples (a (1, C, …)
-    map: spatial positions kept, so the border taps that read zero padding are accounted for)."""
+    map: spatial positions kept, so the border taps that read zero padding are accounted for).
+    ``outputs``: a list that receives, per batch, the graph outputs of the same run (the float
+    reference :func:`~qcompiler.passes.quantize._bias_correction_helps` compares with), so the
+    float graph is run once for both."""
     from ..quant import reference
     sums: dict[str, np.ndarray] = {}
     n = 0
@@ -224,6 +227,8 @@ def mean_inputs(graph: Graph, calib, layers: list[Op]) -> dict[str, np.ndarray]:
             x = vals[op.operands[0].name].astype(np.float64)
             sums[op.name] = sums.get(op.name, 0.0) + x.sum(axis=0, keepdims=True)
         n += k
+        if outputs is not None:
+            outputs.append([vals[v.name] for v in graph.outputs])
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 

@@ -55,7 +55,8 @@ reference interpreter; :func:`_bias_correction_helps`: it cost uspsnet 0.11 dB),
 3. calibrate: one :func:`~qcompiler.quant.calibrate.collect_ranges` pass of the float graph over
    the data, for every value whose range sets params (QLinear outputs, Concat outputs, float values
    entering quantized ops); ``ranges`` given in the options take precedence. With calibration data
-   and ``bias_correction``, a second pass over it averages the inputs of the Conv/Gemm layers, and
+   and ``bias_correction``, a second pass over it averages the inputs of the Conv/Gemm layers (its
+   outputs kept as the fp32 reference), and
    a third runs the quantized graph with and without the correction to decide whether to keep it.
 4. rewrite, recording per layer in ``graph.meta["quant"]`` (JSON): kind, precision, params, range,
    and in ``graph.meta["quant"]["float_values"]`` which float value each quantized value stands for
@@ -559,13 +560,15 @@ class _Rewriter:
                                  "range": rng, "method": self.opts.method}
 
 
-def _layer_input_means(graph: Graph, p: _Plan, opts: QuantizeOptions) -> dict[str, np.ndarray]:
+def _layer_input_means(graph: Graph, p: _Plan, opts: QuantizeOptions,
+                       outputs: list | None = None) -> dict[str, np.ndarray]:
     """For bias correction: the data input of every Conv/Gemm to quantize, averaged over the
-    calibration feeds (none without real calibration data or with ``bias_correction`` off)."""
+    calibration feeds (none without real calibration data or with ``bias_correction`` off).
+    ``outputs`` receives the float graph's outputs per feed (see :func:`mean_inputs`)."""
     if not opts.bias_correction or opts.calib is None:
         return {}
     layers = [op for op, role in p.role.items() if role == "compute" and op.kind in CONVS + GEMMS]
-    return mean_inputs(graph, opts.calib, layers) if layers else {}
+    return mean_inputs(graph, opts.calib, layers, outputs) if layers else {}
 
 
 def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict) -> Graph:
@@ -580,7 +583,8 @@ def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict) -> 
     return g
 
 
-def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict) -> tuple[bool, float, float]:
+def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict,
+                           float_outputs: list | None = None) -> tuple[bool, float, float]:
     """Whether the bias correction lowers the error of the graph outputs on the calibration data:
     (keep it, output SQNR in dB with it, without it), the quantized graph run by the reference
     interpreter against the float graph.
@@ -591,14 +595,17 @@ def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, mean
     uspsnet it made the output worse even with E[x] taken from the evaluation data itself
     (36.37 -> 36.28 dB; on its 256 calibration samples 40.92 -> 40.68 dB, the same sign on all
     five real models). So it is kept only where the calibration data says it helps: strictly
-    lower total squared error of the outputs."""
+    lower total squared error of the outputs. ``float_outputs``: ``src``'s outputs per calibration
+    feed when already computed (:func:`_layer_input_means` runs the same float graph on the same
+    feeds), else run here."""
     from ..quant import reference
     from ..quant.qparams import sqnr_db
     variants = {"with": _rewritten(src, opts, ranges, means), "without": _rewritten(src, opts, ranges, {})}
     ref: list[np.ndarray] = []
     got: dict[str, list[np.ndarray]] = {k: [] for k in variants}
-    for feeds in opts.calib:
-        ref += [np.asarray(a, np.float64).ravel() for a in reference.run(src, feeds)]
+    for i, feeds in enumerate(opts.calib):
+        outs = float_outputs[i] if float_outputs is not None else reference.run(src, feeds)
+        ref += [np.asarray(a, np.float64).ravel() for a in outs]
         for k, g in variants.items():
             got[k] += [np.asarray(a, np.float64).ravel() for a in reference.run(g, feeds)]
     r = np.concatenate(ref)
@@ -650,9 +657,11 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         return False
     info: dict[str, Any] = {}
     P, ranges = _params(graph, plan, opts, info)
-    means = _layer_input_means(graph, plan, opts)
+    float_outputs: list = []
+    means = _layer_input_means(graph, plan, opts, float_outputs)
     if means:
-        keep, with_db, without_db = _bias_correction_helps(ctx.data["quantize.float_graph"], opts, ranges, means)
+        keep, with_db, without_db = _bias_correction_helps(ctx.data["quantize.float_graph"], opts, ranges, means,
+                                                           float_outputs)
         info["bias_correction"] = {"applied": keep, "calibration_sqnr_db": {"with": round(with_db, 3),
                                                                              "without": round(without_db, 3)}}
         if not keep:

@@ -129,16 +129,45 @@ def exact_float(bound: float) -> type:
     raise EvalError(f"integer sums up to {bound:.3g} are not exact in float64")
 
 
-def chunked_matmul(a: np.ndarray, b: np.ndarray, chunk: int | None) -> np.ndarray:
-    """a @ b over the last axis of ``a``; with ``chunk``, as float32 products of slices of at most
-    ``chunk`` terms (each slice's sum exact in float32) added in float64: integer sums too long for
-    float32 stay exact, at float32 GEMM speed (about 3x float64's on x86)."""
+def chunked_matmul(a: np.ndarray, b: np.ndarray, chunk: int | None, bound: np.ndarray | None = None) -> np.ndarray:
+    """a @ b over the last axis of ``a`` (a: (..., M, K), b: (..., K, N)), for integer operands
+    held in floats; with ``chunk``, exact in float32 GEMMs although the sums may be too long for
+    float32 in the worst case (``chunk``: how many worst-case products float32 sums exactly).
+
+    Float32 sums integers exactly while every partial sum stays below 2^24, whatever the order
+    (BLAS blocking, FMA): each partial sum is bounded by Σ |a_k| |b_k|. So each row of ``a`` is
+    bounded by ``|a| @ max_n |b[:, n]|`` (one matrix-vector product) and the rows below 2^24 (less
+    the float32 rounding of that bound, K 2^-23 relative) come from ONE float32 GEMM; the others
+    (rare: activations far from the zero point on many taps) as float32 products of slices of at
+    most ``chunk`` terms added in float64. Exact either way, at float32 GEMM speed (about 3x
+    float64's on x86; resnet18's reference run: 5 slices per 3x3x256 conv before this bound).
+    ``bound``: that row bound (..., M) computed exactly by the caller (:func:`conv_sum`: cheaper
+    on the input than on the im2col matrix)."""
     k = a.shape[-1]
     if chunk is None or chunk >= k:
         return np.matmul(a, b)
     a32, b32 = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    limit = 2.0 ** 24 * (1 - k * 2.0 ** -23) if bound is None else 2.0 ** 24
+    if limit > 0:
+        if bound is None:
+            bound = np.matmul(np.abs(a32), np.abs(b32).max(axis=-1, keepdims=True))[..., 0]    # (..., M)
+        bad = bound >= limit
+        if not bad.any():
+            return np.matmul(a32, b32)
+        if bad.mean() < 0.5:                       # redo only the rows over the bound
+            out = np.matmul(a32, b32).astype(np.float64)
+            for idx in np.ndindex(*a32.shape[:-2]):
+                rows = bad[idx]
+                if rows.any():
+                    out[idx][rows] = _sliced_matmul(a32[idx][rows], b32[idx] if b32.ndim > 2 else b32, chunk)
+            return out
+    return _sliced_matmul(a32, b32, chunk)
+
+
+def _sliced_matmul(a32: np.ndarray, b32: np.ndarray, chunk: int) -> np.ndarray:
+    """a32 @ b32 as float32 products of ``chunk``-term slices of the last axis, added in float64."""
     out = None
-    for s in range(0, k, chunk):
+    for s in range(0, a32.shape[-1], chunk):
         part = np.matmul(a32[..., s:s + chunk], b32[..., s:s + chunk, :]).astype(np.float64)
         out = part if out is None else out + part
     return out
@@ -148,7 +177,10 @@ def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial, dtype=np.float6
              chunk: int | None = None) -> np.ndarray:
     """Σ x * w over each window (N, O, *out_spatial) in ``dtype``; ``x`` already shifted so that
     padding is 0. Exact for integer operands when every partial sum is exact in ``dtype``, or,
-    with ``chunk``, every sum of ``chunk`` products exact in float32 (:func:`chunked_matmul`)."""
+    with ``chunk`` (``chunk`` worst-case products sum exactly in float32), in float32 GEMMs
+    bounded per output position by :func:`_window_bound` (:func:`chunked_matmul`)."""
+    if chunk is not None:                        # integers: exact in float32 (see chunked_matmul)
+        dtype = np.float32
     x = x.astype(dtype, copy=False)
     w = w.astype(dtype, copy=False)
     n, c = x.shape[:2]
@@ -156,19 +188,34 @@ def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial, dtype=np.float6
     g = a.get("group", 1) or 1
     ksp = w.shape[2:]
     if cg == 1 and o == g == c:                           # depthwise: accumulate offset by offset
-        out = np.zeros((n, o, *out_spatial), dtype)
+        out = np.zeros((n, o, *out_spatial), np.float64 if chunk is not None else dtype)
         for offs, win in _windows(x, ksp, a, out_spatial, 0.0):
             out += win * w[(slice(None), 0) + offs].reshape((1, o) + (1,) * len(ksp))
         return out
-    if chunk is not None:                        # integers: exact in float32, summed in chunks
-        x, w = x.astype(np.float32), w.astype(np.float32)
+    bound = None
+    if chunk is not None:
+        bound = _window_bound(x, w, a, out_spatial, g)
     cols = np.stack([win for _, win in _windows(x, ksp, a, out_spatial, 0.0)], axis=2)  # N, C, K, *sp
     kk = cols.shape[2]
     p = int(np.prod(out_spatial))
     cols = cols.reshape(n, g, cg * kk, p).transpose(1, 0, 3, 2).reshape(g, n * p, cg * kk)
     wm = w.reshape(g, o // g, cg * kk).transpose(0, 2, 1)
-    out = chunked_matmul(cols, wm, chunk)                                       # g, N*P, O/g
+    out = chunked_matmul(cols, wm, chunk, bound)                                # g, N*P, O/g
     return out.reshape(g, n, p, o // g).transpose(1, 0, 3, 2).reshape(n, o, *out_spatial)
+
+
+def _window_bound(x: np.ndarray, w: np.ndarray, a: dict, out_spatial, g: int) -> np.ndarray:
+    """Per group and output position (g, N*P): Σ over the window of |x_c| max |w[., c, .]| (the max
+    over the group's output channels and the kernel taps), a bound of every partial sum of the
+    conv there (for :func:`chunked_matmul`), exact in float64 and computed on the input (one
+    pass) rather than on the im2col matrix (kernel-size times larger)."""
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    wmax = np.abs(w).reshape(o, cg, -1).max(axis=2).reshape(g, o // g, cg).max(axis=1).astype(np.float64)
+    absx = np.abs(x).astype(np.float64).reshape(n, g, cg, -1)
+    s = np.matmul(wmax[:, None, :], absx).reshape(n, g, *x.shape[2:])                    # N, g, *in
+    total = sum(win for _, win in _windows(s, w.shape[2:], a, out_spatial, 0.0))        # N, g, *sp
+    return total.reshape(n, g, -1).transpose(1, 0, 2).reshape(g, -1)
 
 
 def _out_spatial(op: Op) -> tuple[int, ...]:
@@ -230,10 +277,12 @@ def _shifted_input(op: Op, xs, k: int):
     x, w = xs[0], xs[1]
     z = _zp(op, 0)
     lo, hi = INT_RANGES[op.operands[0].type.quant.storage]
-    term = max(hi - z, z - lo) * float(np.max(np.abs(w.astype(np.int64)), initial=0))
+    wmax = max(-int(w.min()), int(w.max())) if w.size else 0
+    term = max(hi - z, z - lo) * float(wmax)
     dt = exact_float(k * term)
     chunk = int((2 ** 24 - 1) // term) if dt is np.float64 and term >= 1 else None
-    return x.astype(dt) - dt(z), dt, chunk
+    xt = np.float32 if chunk is not None else dt          # chunked sums take float32 operands
+    return x.astype(xt) - xt(z), dt, chunk
 
 
 def _add_bias(acc: np.ndarray, op: Op, xs, axis: int = 1) -> np.ndarray:

@@ -165,9 +165,11 @@ class Sensitivity:
         plan = Q._plan(self.graph, replace(opts, ranges=self.ranges))
         self.means: dict = {}
         if opts.bias_correction and opts.calib is not None:
-            means = Q._layer_input_means(self.graph, plan, opts)
+            float_outputs: list = []
+            means = Q._layer_input_means(self.graph, plan, opts, float_outputs)
             if means:
-                keep, *_ = Q._bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means)
+                keep, *_ = Q._bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
+                                                    float_outputs)
                 self.means = means if keep else {}
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())

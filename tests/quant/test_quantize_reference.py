@@ -115,3 +115,23 @@ def test_int32_overflow_is_reported():
                              result_types=[TensorType((1, 1), "uint8", qx)], name="big").result]
     with pytest.raises(EvalError, match="'big': int32 accumulator overflow"):
         reference.run(g, {"x": np.full((1, 70000), 255, np.uint8)})
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_long_integer_conv_sums_are_exact_in_bounded_float32(group):
+    """K = 9 * 256 taps of worst-case products exceed float32's 2^24: the window bound sends most
+    positions to one float32 GEMM and the saturated ones (x - z = 255 on every tap) to float32
+    slices added in float64; both must equal the int64 sum."""
+    from qcompiler.quant.reference import conv_sum
+    rng = np.random.default_rng(0)
+    c, o = 256, 8
+    x = rng.integers(0, 40, (2, c, 6, 6)).astype(np.float64)
+    x[1, :, :3, :3] = 255                                   # windows over the bound
+    w = rng.integers(-127, 128, (o, c // group, 3, 3)).astype(np.float64)
+    w[0] = 127                                              # a sum of 2^26
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": group}
+    chunk = (2 ** 24 - 1) // (255 * 127)
+    got = conv_sum(x, w, a, (6, 6), np.float64, chunk)
+    want = conv_sum(x.astype(np.int64), w.astype(np.int64), a, (6, 6), np.int64)
+    assert 2 ** 24 < np.abs(want).max() < 2 ** 31
+    np.testing.assert_array_equal(got.astype(np.int64), want)
