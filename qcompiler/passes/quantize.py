@@ -586,8 +586,8 @@ def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict) -> 
 def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict,
                            float_outputs: list | None = None) -> tuple[bool, float, float]:
     """Whether the bias correction lowers the error of the graph outputs on the calibration data:
-    (keep it, output SQNR in dB with it, without it), the quantized graph run by the reference
-    interpreter against the float graph.
+    (keep it, output SQNR in dB with it, without it, over the feeds compared), the quantized graph
+    run by the reference interpreter against the float graph.
 
     The correction removes the mean output shift that rounding the weights causes, in
     expectation over the layer's float input. It does not see the other mean errors of the
@@ -597,21 +597,62 @@ def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, mean
     five real models). So it is kept only where the calibration data says it helps: strictly
     lower total squared error of the outputs. ``float_outputs``: ``src``'s outputs per calibration
     feed when already computed (:func:`_layer_input_means` runs the same float graph on the same
-    feeds), else run here."""
+    feeds), else run here.
+
+    The feeds are compared one by one, and the comparison stops early once the remaining ones
+    cannot plausibly reverse the sign (:func:`_sign_settled`): each feed costs two whole-model
+    integer reference runs, most of a build's time, and the answer usually is clear after a few."""
     from ..quant import reference
     from ..quant.qparams import sqnr_db
     variants = {"with": _rewritten(src, opts, ranges, means), "without": _rewritten(src, opts, ranges, {})}
+    total = len(float_outputs) if float_outputs is not None else \
+        (len(opts.calib) if hasattr(opts.calib, "__len__") else None)
     ref: list[np.ndarray] = []
     got: dict[str, list[np.ndarray]] = {k: [] for k in variants}
+    diffs: list[float] = []
     for i, feeds in enumerate(opts.calib):
         outs = float_outputs[i] if float_outputs is not None else reference.run(src, feeds)
-        ref += [np.asarray(a, np.float64).ravel() for a in outs]
+        r = [np.asarray(a, np.float64).ravel() for a in outs]
+        ref += r
+        err = {}
         for k, g in variants.items():
-            got[k] += [np.asarray(a, np.float64).ravel() for a in reference.run(g, feeds)]
+            y = [np.asarray(a, np.float64).ravel() for a in reference.run(g, feeds)]
+            got[k] += y
+            err[k] = sum(float(np.sum((b - a) ** 2)) for a, b in zip(r, y))
+        diffs.append(err["with"] - err["without"])
+        if total is not None and _sign_settled(diffs, total):
+            break
     r = np.concatenate(ref)
     err = {k: float(np.sum((np.concatenate(v) - r) ** 2)) for k, v in got.items()}
     db = {k: sqnr_db(r, np.concatenate(v)) for k, v in got.items()}
     return err["with"] < err["without"], db["with"], db["without"]
+
+
+# one-sided 99.9 % quantiles of Student's t by degrees of freedom (smaller df: use the next lower row)
+_T999 = ((3, 10.21), (4, 7.173), (5, 5.893), (6, 5.208), (7, 4.785), (8, 4.501), (9, 4.297), (10, 4.144),
+         (12, 3.930), (15, 3.733), (20, 3.552), (30, 3.385), (60, 3.232), (120, 3.160))
+MIN_FEEDS = 4
+
+
+def _sign_settled(diffs: list[float], total: int) -> bool:
+    """Whether the sign of Σ d over all ``total`` feeds is settled by the first m = len(diffs):
+    d_i = (squared output error with the correction) - (without) on feed i.
+
+    The remaining r = total - m feeds are modelled as independent draws like the first m (the
+    calibration feeds are exchangeable), so their sum is predicted by r d̄ with standard error
+    s sqrt(r (1 + r / m)) (s: the sample standard deviation; the r/m term is the uncertainty of d̄
+    itself). The sign is settled when |Σ d + r d̄| exceeds t s sqrt(r (1 + r/m)), t Student's
+    one-sided 99.9 % quantile with m - 1 degrees of freedom: the full comparison would reverse it
+    with probability below about 0.1 %. Never before MIN_FEEDS feeds, and always at the last."""
+    m = len(diffs)
+    if m >= total:
+        return True
+    if m < MIN_FEEDS:
+        return False
+    d = np.asarray(diffs, np.float64)
+    r = total - m
+    t = next((q for df, q in reversed(_T999) if df <= m - 1), _T999[0][1])
+    return abs(float(d.sum()) + r * float(d.mean())) > t * float(d.std(ddof=1)) * float(np.sqrt(r * (1 + r / m)))
 
 
 BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the products

@@ -189,8 +189,10 @@ def conv_sum(x: np.ndarray, w: np.ndarray, a: dict, out_spatial, dtype=np.float6
     ksp = w.shape[2:]
     if cg == 1 and o == g == c:                           # depthwise: accumulate offset by offset
         out = np.zeros((n, o, *out_spatial), np.float64 if chunk is not None else dtype)
+        tmp = np.empty((n, o, *out_spatial), dtype)          # the products, in place (no temporaries)
         for offs, win in _windows(x, ksp, a, out_spatial, 0.0):
-            out += win * w[(slice(None), 0) + offs].reshape((1, o) + (1,) * len(ksp))
+            np.multiply(win, w[(slice(None), 0) + offs].reshape((1, o) + (1,) * len(ksp)), out=tmp)
+            out += tmp
         return out
     bound = None
     if chunk is not None:
@@ -464,6 +466,10 @@ def _ort_float(op: Op, xs: list) -> list:
         g.outputs = list(new.results)
         so = ort.SessionOptions()
         so.log_severity_level = 4       # fatal only: errors become our own messages
+        # no busy-waiting worker threads after each run: they would take the cores from the numpy
+        # kernels that run next (vit-s16's float MatMuls between its ORT-run LayerNorms: 0.16 s a call)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         sess = _SESSIONS[op] = ort.InferenceSession(export_onnx(g).SerializeToString(), so,
                                                      providers=["CPUExecutionProvider"])
     declared = [v.shape for v in op.operands]
