@@ -404,6 +404,8 @@ def run_pipeline(graph, args, log, evaluation=None):
         ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
                                                                 eval_data=evaluation, select_data=sel_data, log=log,
                                                                 cost=costs.latency if costs else None)
+        from .passes.quantize import CALIB_RUN
+        ctx.data[CALIB_RUN] = ctx.data["mixed"].pop("_calib_run", None)
         pm.pipeline, pm.timings = pipeline[at:], list(pre.timings)
     pm.run(graph)
     return pm

@@ -85,6 +85,7 @@ After (x: 2/255 per step around 127; y: 3/255 from 0; M = s_x s_w / s_y = 144292
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -599,9 +600,10 @@ def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, mean
     feed when already computed (:func:`_layer_input_means` runs the same float graph on the same
     feeds), else run here.
 
-    The feeds are compared one by one, and the comparison stops early once the remaining ones
-    cannot plausibly reverse the sign (:func:`_sign_settled`): each feed costs two whole-model
-    integer reference runs, most of a build's time, and the answer usually is clear after a few."""
+    The feeds are compared in groups of MIN_FEEDS (each group one batched run, :func:`_run_feeds`),
+    and the comparison stops early once the remaining ones cannot plausibly reverse the sign
+    (:func:`_sign_settled`): each feed costs two whole-model integer reference runs, most of a
+    build's time, and the answer often is clear after a few."""
     from ..quant import reference
     from ..quant.qparams import sqnr_db
     variants = {"with": _rewritten(src, opts, ranges, means), "without": _rewritten(src, opts, ranges, {})}
@@ -610,22 +612,50 @@ def _bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, mean
     ref: list[np.ndarray] = []
     got: dict[str, list[np.ndarray]] = {k: [] for k in variants}
     diffs: list[float] = []
-    for i, feeds in enumerate(opts.calib):
-        outs = float_outputs[i] if float_outputs is not None else reference.run(src, feeds)
-        r = [np.asarray(a, np.float64).ravel() for a in outs]
-        ref += r
-        err = {}
-        for k, g in variants.items():
-            y = [np.asarray(a, np.float64).ravel() for a in reference.run(g, feeds)]
-            got[k] += y
-            err[k] = sum(float(np.sum((b - a) ** 2)) for a, b in zip(r, y))
-        diffs.append(err["with"] - err["without"])
+    stream = iter(opts.calib)
+    i = 0
+    while True:
+        group = list(itertools.islice(stream, MIN_FEEDS))        # one batched run per group
+        if not group:
+            break
+        runs = {k: _run_feeds(g, group) for k, g in variants.items()}
+        for j, feeds in enumerate(group):
+            outs = float_outputs[i + j] if float_outputs is not None else reference.run(src, feeds)
+            r = [np.asarray(a, np.float64).ravel() for a in outs]
+            ref += r
+            err = {}
+            for k in variants:
+                y = [np.asarray(a, np.float64).ravel() for a in runs[k][j]]
+                got[k] += y
+                err[k] = sum(float(np.sum((b - a) ** 2)) for a, b in zip(r, y))
+            diffs.append(err["with"] - err["without"])
+        i += len(group)
         if total is not None and _sign_settled(diffs, total):
             break
     r = np.concatenate(ref)
     err = {k: float(np.sum((np.concatenate(v) - r) ** 2)) for k, v in got.items()}
     db = {k: sqnr_db(r, np.concatenate(v)) for k, v in got.items()}
     return err["with"] < err["without"], db["with"], db["without"]
+
+
+def _run_feeds(g: Graph, group: list[dict]) -> list[list[np.ndarray]]:
+    """The reference outputs of ``g`` for each feed of ``group``, run as ONE batch where the graph
+    allows it (the reference kernels take any number of samples; bigger GEMMs and a quarter of
+    the per-op overhead): every output must have the samples on its leading axis, else (or if the
+    batched run fails) feed by feed. Integer kernels are exact, so the split outputs are the
+    per-feed ones."""
+    from ..ir.interp import EvalError
+    from ..quant import reference
+    sizes = [len(next(iter(f.values()))) for f in group]
+    if len(group) > 1 and all(set(f) == set(group[0]) for f in group):
+        try:
+            outs = reference.run(g, {k: np.concatenate([np.asarray(f[k]) for f in group]) for k in group[0]})
+        except (EvalError, ValueError):
+            outs = None
+        if outs is not None and all(np.ndim(o) and np.shape(o)[0] == sum(sizes) for o in outs):
+            cuts = np.cumsum(sizes)[:-1]
+            return [list(p) for p in zip(*(np.split(np.asarray(o), cuts) for o in outs))]
+    return [reference.run(g, f) for f in group]
 
 
 # one-sided 99.9 % quantiles of Student's t by degrees of freedom (smaller df: use the next lower row)
@@ -655,6 +685,9 @@ def _sign_settled(diffs: list[float], total: int) -> bool:
     return abs(float(d.sum()) + r * float(d.mean())) > t * float(d.std(ddof=1)) * float(np.sqrt(r * (1 + r / m)))
 
 
+# ctx.data key: {"calib", "means", "float_outputs"} of a float run over the calibration data made
+# before the pass (qcompiler.quant.mixed's sensitivity), re-used when it is the same data
+CALIB_RUN = "quantize.calib_run"
 BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the products
 
 
@@ -699,7 +732,14 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     info: dict[str, Any] = {}
     P, ranges = _params(graph, plan, opts, info)
     float_outputs: list = []
-    means = _layer_input_means(graph, plan, opts, float_outputs)
+    pre = ctx.data.get(CALIB_RUN)
+    if pre is not None and pre["calib"] is opts.calib and opts.bias_correction:
+        # the sensitivity ran the same float graph (prepared the same way) on the same calibration data
+        names = {op.name for op, role in plan.role.items() if role == "compute" and op.kind in CONVS + GEMMS}
+        means = {k: v for k, v in pre["means"].items() if k in names}
+        float_outputs = list(pre["float_outputs"])
+    else:
+        means = _layer_input_means(graph, plan, opts, float_outputs)
     if means:
         keep, with_db, without_db = _bias_correction_helps(ctx.data["quantize.float_graph"], opts, ranges, means,
                                                            float_outputs)

@@ -211,6 +211,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     parts.setdefault("selection", {"budget": None, "met": None, "float_layers": []})
     parts["selection"]["user_keep_float"] = sorted(keep)
     parts["_reasons"] = reasons
+    parts["_calib_run"] = sens.calib_run         # the quantize pass re-uses it (QUANTIZE_CALIB_RUN)
     opts = replace(opts, ranges={**sens.ranges, **opts.ranges},
                    bias_correction=opts.bias_correction and sens.bias_correction)
     return opts, parts

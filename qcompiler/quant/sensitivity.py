@@ -164,9 +164,11 @@ class Sensitivity:
         self.ref = [reference.run(self.graph, feed) for feed, _ in data]
         plan = Q._plan(self.graph, replace(opts, ranges=self.ranges))
         self.means: dict = {}
+        self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
         if opts.bias_correction and opts.calib is not None:
             float_outputs: list = []
             means = Q._layer_input_means(self.graph, plan, opts, float_outputs)
+            self.calib_run = {"calib": opts.calib, "means": means, "float_outputs": float_outputs}
             if means:
                 keep, *_ = Q._bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
                                                     float_outputs)

@@ -390,3 +390,16 @@ def test_verifier_checks_conv_operands():
     with pytest.raises(IRError, match="3 multipliers / 3 shifts for 2 output channels"):
         parse_graph(base.replace("BIAS", "0.125:0, 0.25:0").replace("shift = [31, 31]", "shift = [31, 31, 31]")
                     .replace("multiplier = [1073741824, 1073741824]", "multiplier = [1073741824, 1073741824, 1]")).verify()
+
+
+def test_bias_check_stops_once_the_sign_is_settled():
+    """_sign_settled: never before MIN_FEEDS feeds, always at the last; a consistent difference
+    settles early, a noisy one around zero does not."""
+    from qcompiler.passes.quantize import MIN_FEEDS, _sign_settled
+    clear = [-1.0, -1.1, -0.9, -1.05, -0.95]
+    assert not _sign_settled(clear[:MIN_FEEDS - 1], 16)
+    assert _sign_settled(clear, 16)
+    noisy = [1.0, -1.2, 0.9, -0.8, 1.1, -1.0]
+    assert not _sign_settled(noisy, 16)
+    assert _sign_settled(noisy, len(noisy))
+    assert not _sign_settled([0.0] * 8, 16)                  # identical variants: compare them all
