@@ -176,6 +176,9 @@ class Sensitivity:
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())
         self._base = (_signatures(g), [reference.run_values(g, feed) for feed, _ in data])
+        self._all_int8 = self._base
+        self._parent: frozenset = frozenset()       # the float set whose run _base holds
+        self._wanted: dict[frozenset, int] = {}      # how often a set would have been the better base
         self.layers = layers                         # the all-int8 plan's record, per layer
         self.candidates = [n for n, v in layers.items() if v["precision"] == "int8" and "method" in v]
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
@@ -203,6 +206,7 @@ class Sensitivity:
         """Scores of the build with ``float_set`` float (memoized)."""
         key = frozenset(float_set)
         if key not in self._cache:
+            self._choose_base(key)
             g, layers = self.quantized(key)
             self._int8_alone[key] = layers
             outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
@@ -212,11 +216,35 @@ class Sensitivity:
             report("evaluate layer sets", self.evaluations)
         return self._cache[key]
 
-    def _run(self, g: Graph, i: int) -> list[np.ndarray]:
+    def _choose_base(self, key: frozenset) -> None:
+        """Which run :meth:`_run` takes unchanged ops from: the all-int8 one, or that of the largest
+        set already scored inside ``key``. The greedy search measures many sets S ∪ {L} for one S;
+        with S's run as the base only the ops downstream of L run again (with the all-int8 run,
+        everything downstream of any layer in S does). A set becomes the base the second time it
+        is the best one (one extra run of it; a single request does not pay that), and the base in
+        use stays while it lies inside ``key``. Scores do not change: a reused value is the one the
+        same kernels computed on the same operands."""
+        if len(key) < 2:
+            return
+        best = max((s for s in self._cache if s < key), key=len, default=frozenset())
+        if self._parent < key and len(self._parent) >= len(best):
+            return                                   # the base in use is as good
+        self._wanted[best] = self._wanted.get(best, 0) + 1
+        if self._wanted[best] < 2:
+            if not self._parent < key:
+                self._base, self._parent = self._all_int8, frozenset()
+            return
+        g, _ = self.quantized(best)
+        self._base = self._all_int8                  # the new base's own run reuses the all-int8 one
+        values = [self._run(g, i, keep_all=True) for i in range(len(self.data))]
+        self._base, self._parent = (_signatures(g), values), best
+
+    def _run(self, g: Graph, i: int, keep_all: bool = False):
         """The outputs of ``g`` on sample set ``i``, like :func:`reference.run`, but every op that
-        is the same as in the all-int8 graph (same kind, attributes, operand and result names and
-        types, same constants) and reads only such ops' results takes its result from the
-        all-int8 run: the ops upstream of every float layer are not run again."""
+        is the same as in the base graph (same kind, attributes, operand and result names and
+        types, same constants) and reads only such ops' results takes its result from the base
+        run (all-int8, or a subset's: :meth:`_choose_base`): the ops upstream of every float layer
+        not in the base's set are not run again. ``keep_all``: every value by name."""
         sigs, base = self._base[0], self._base[1][i]
         feed = self.data[i][0]
         env: dict[str, np.ndarray] = {v.name: v.data for v in g.consts.values()}
@@ -239,10 +267,12 @@ class Sensitivity:
             else:
                 for r, a in zip(op.results, reference.evaluate_op(op, [env[v.name] for v in op.operands])):
                     env[r.name] = a
+            if keep_all:
+                continue
             for v in op.operands:
                 if last.get(v.name) == k and v.name not in outputs and not v.is_const:
                     env.pop(v.name, None)
-        return [env[v.name] for v in g.outputs]
+        return env if keep_all else [env[v.name] for v in g.outputs]
 
     def per_sample(self, float_set: Iterable[str]) -> "PerSample | None":
         """Per-sample signal and noise energies (and top-1 correctness with labels) of the build with

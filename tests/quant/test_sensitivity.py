@@ -95,6 +95,20 @@ def test_cached_prefix_run_is_exact():
         assert all(np.array_equal(a, b) for a, b in zip(want, got))
 
 
+def test_scores_from_a_subset_base_are_exact():
+    """Greedy-like growth: once a scored set is the best base twice, later sets run from its
+    values (_choose_base); their scores equal a fresh Sensitivity's, which runs from all-int8."""
+    g, sens = build()
+    sets = [["g2"], ["g2", "g4"], ["g2", "g5"], ["g2", "g6"], ["g2", "g4", "g5"], ["g2", "g4", "g6"], ["g1", "g5"]]
+    got = [sens.scores(frozenset(S)) for S in sets[:-1]]
+    assert len(sens._parent) == 2                                # a subset's run became the base
+    got.append(sens.scores(frozenset(sets[-1])))                 # not inside it: back to all-int8
+    assert not sens._parent
+    for S, a in zip(sets, got):
+        _, fresh = build()
+        assert fresh.scores(frozenset(S)) == a and not fresh._parent, S
+
+
 def test_one_calibration_and_the_pass_agrees(monkeypatch):
     """The table calibrates once (every activation in one pass); all-int8 with those shared ranges
     is what the quantize pass gives when it calibrates by itself."""
