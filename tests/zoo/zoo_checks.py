@@ -12,7 +12,8 @@ For each zoo model (zoo/manifest.toml), as a user would build it (the qcompile C
   calibration feeds (zoo.ort_quantize_static).
 
 A stage the manifest lists under ``known`` is a strict xfail with its reason: the test turns red
-when it starts passing, so the manifest is kept true.
+when it starts passing, so the manifest is kept true. Known int8 SQNR shortfalls are not strict:
+some are hundredths of a dB, which calibration details move either way (bench/zoo.py reports them).
 """
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ def check_int8(m, tmp_path: Path, request) -> None:
     if "import" in m.known:
         pytest.skip(f"does not import: {m.known['import']} (test_fp32 checks the error)")
     why = m.xfail("int8")
-    if why:
-        request.applymarker(pytest.mark.xfail(reason=why, strict=True))
+    if why:        # a known SQNR shortfall of hundredths of a dB may flip either way: not strict
+        request.applymarker(pytest.mark.xfail(reason=why, strict=not why.startswith("int8: output SQNR")))
     calib = m.feeds(CALIB_SAMPLES, seed=0)
     art = build(m, "int8", tmp_path / "int8", calib=calib)
     ort_q = zoo.ort_session(zoo.ort_quantize_static(m, calib, tmp_path / "ort_int8.onnx"))
