@@ -310,7 +310,8 @@ def test_multiple_outputs_and_passthrough():
     check(run_tvm(g, {"x": xv}), [e / e.sum(-1, keepdims=True), ra, xv], 1e-5, "multi")
 
 
-QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "Requantize")
+QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "Requantize",
+               "ConvInteger", "MatMulInteger")   # pre-quantized models' integer ops: tests/codegen/test_x86_qdq.py
 
 
 def _is_quant(kind: str) -> bool:
