@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -43,14 +42,7 @@ import numpy as np  # noqa: E402
 import zoo  # noqa: E402
 from zoo.harness import build, max_rel_error  # noqa: E402
 
-
-def _median_ms(fn, iters: int) -> float:
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:

@@ -128,11 +128,11 @@ def fashion_test() -> tuple[np.ndarray, np.ndarray] | None:
         return z["x"].astype(np.float32), z["y"]
 
 
-def _digits_resized(n: int, size: int) -> np.ndarray | None:
+def _digits_resized(n: int, size: int, start: int = 0) -> np.ndarray | None:
     d = mnist_digits()
     if d is None:
         return None
-    idx = (np.arange(n) * 313) % len(d[0])
+    idx = (np.arange(n) * 313 + start) % len(d[0])
     img = d[0][idx] / 255.0
     if size == 16:                                   # 28 -> 16: pad to 32, 2x2 area average
         img = np.pad(img, ((0, 0), (2, 2), (2, 2))).reshape(n, 16, 2, 16, 2).mean(axis=(2, 4))

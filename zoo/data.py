@@ -117,9 +117,12 @@ def photos_unit(model, n, seed):
 
 
 # ---- faces (MTCNN: channels last, (x - 127.5) / 128) ------------------------------------------------
-def _faces(model, n, seed, size):
+@generator("faces")
+def faces(model, n, seed):
+    """LFW faces resized to the (square, channels-last) input, brightness jittered, (x - 127.5) / 128."""
     from PIL import Image
     (name, (dtype, shape)), = model.inputs.items()
+    size = shape[1]
     lfw = np.load(_package_dir("skimage") / "data" / "lfw_subset.npy")[:100]   # the first 100 are faces
     out = []
     for i in range(n):
@@ -131,16 +134,6 @@ def _faces(model, n, seed, size):
         x = (np.repeat(img[:, :, None], 3, axis=2) - 127.5) / 128.0
         out.append({name: x[None].astype(dtype)})
     return out
-
-
-@generator("faces_24")
-def faces_24(model, n, seed):
-    return _faces(model, n, seed, 24)
-
-
-@generator("faces_48")
-def faces_48(model, n, seed):
-    return _faces(model, n, seed, 48)
 
 
 @generator("faces_photo")
@@ -162,13 +155,7 @@ def mnist(model, n, seed):
 
 
 def _digits(n: int, seed: int, size: int) -> np.ndarray:
-    rm = _realmodels()
-    d = rm.mnist_digits()
-    idx = (np.arange(n) * 313 + seed * 1000) % len(d[0])
-    img = d[0][idx] / 255.0
-    if size == 16:
-        return np.pad(img, ((0, 0), (2, 2), (2, 2))).reshape(n, 16, 2, 16, 2).mean(axis=(2, 4))
-    return np.pad(img, ((0, 0), (2, 2), (2, 2)))
+    return _realmodels()._digits_resized(n, size, start=seed * 1000)
 
 
 @generator("usps")
