@@ -79,13 +79,10 @@ class ZooModel:
         return {k: np.asarray(v, self._declared_dtype(k)) for k, v in self.values.items()}
 
     def _declared_dtype(self, name: str):
-        import onnx
-        from onnx import helper
-        m = onnx.load(str(self.path()), load_external_data=False)
-        for v in m.graph.input:
-            if v.name == name:
-                return helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
-        raise KeyError(f"{self.name}: no input {name!r}")
+        dtype = _input_dtypes(str(self.path())).get(name)
+        if dtype is None:
+            raise KeyError(f"{self.name}: no input {name!r}")
+        return dtype
 
     # ---- data -------------------------------------------------------------------------------------
     def feeds(self, n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -103,6 +100,16 @@ class ZooModel:
             if s in self.known:
                 return f"{s}: {self.known[s]}"
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _input_dtypes(path: str) -> dict:
+    """{input name: numpy dtype} as the ONNX file declares them (read once per file: ort_feeds
+    binds the values of every feed)."""
+    import onnx
+    from onnx import helper
+    m = onnx.load(path, load_external_data=False)
+    return {v.name: helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type) for v in m.graph.input}
 
 
 def _sdist_member(pin: str, rel: str) -> Path:
