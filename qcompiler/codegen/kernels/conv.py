@@ -159,8 +159,6 @@ def conv2d(ctx, a, ins, outs):
     w = ctx.const_data(1)
     if w is None:
         raise NotImplementedError("Conv with a non-constant weight")
-    if x.rank == 3:
-        return [_conv1d(ctx, a, x, w, ins, outs)]
     if x.rank != 4:
         raise NotImplementedError(f"Conv of rank {x.rank} (only 2-D convolution is lowered)")
     out_shape = outs[0].shape
@@ -169,20 +167,6 @@ def conv2d(ctx, a, ins, outs):
     acc, bo = conv2d_accumulate(ctx, a, x, w, out_shape, lambda p, q: cast(p, F32) * cast(q, F32))
     accb = Buf(acc, out_shape, F32, bo)
     return [_epilogue(ctx, a, accb, ins, outs)]
-
-
-def _conv1d(ctx, a, x, w: np.ndarray, ins, outs) -> LTensor:
-    """A 1-D Conv (N, C, L) as the 2-D kernel on (N, C, 1, L) (Whisper's audio front end): same
-    taps and float32 products; the (N, K, 1, L') accumulator is read back as (N, K, L')."""
-    n, c, length = x.shape
-    out3 = outs[0].shape
-    out4 = (out3[0], out3[1], 1, out3[2])
-    a4 = dict(a, strides=[1, *(a["strides"] or [1])], dilations=[1, *(a["dilations"] or [1])],
-              pads=[0, (a["pads"] or [0, 0])[0], 0, (a["pads"] or [0, 0])[1]])
-    x4 = Lazy((n, c, 1, length), x.dtype, lambda idx: x.at((idx[0], idx[1], idx[3])))
-    acc, bo = conv2d_accumulate(ctx, a4, x4, w[:, :, None, :], out4, lambda p, q: cast(p, F32) * cast(q, F32))
-    accb = Buf(acc, out4, F32, bo)
-    return _epilogue(ctx, a, Lazy(out3, F32, lambda idx: accb.at((idx[0], idx[1], 0, idx[2]))), ins, outs)
 
 
 def _is_cuda(ctx) -> bool:
