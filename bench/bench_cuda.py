@@ -42,7 +42,7 @@ torch model has the same fingerprint.
 
 ``--int8-layouts nchw,blocked,blocked-copy`` builds the int8 models once per activation layout of
 the int8 convs (``QC_CUDA_INT8_LAYOUT`` in each build's environment; see
-``qcompiler.codegen.kernels.quant.cuda_int8_layout``) and times them side by side, labelled
+``qcompiler.codegen.cuda.int8.cuda_int8_layout``) and times them side by side, labelled
 ``int8`` (nchw), ``int8+blocked``, ``int8+blocked-copy``; every layout computes the same integers,
 so each row also says whether their outputs are bit-identical. The default is the layout that
 ``QC_CUDA_INT8_LAYOUT`` names in the bench's own environment (nchw when unset).
@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PEAK = {"int8": 1979e12, "fp16": 989e12}     # H100 SXM5 dense tensor-core peaks (ops/s)
-LAYOUTS = ("nchw", "blocked", "blocked-copy")   # qcompiler.codegen.kernels.quant.cuda_int8_layout's choices
+LAYOUTS = ("nchw", "blocked", "blocked-copy")   # qcompiler.codegen.cuda.int8.cuda_int8_layout's choices
 
 
 def torch_model(name: str):

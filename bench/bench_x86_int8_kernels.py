@@ -321,7 +321,7 @@ def bench_kernels(spec, rounds, iters, filt, repeats: int = 5, threads: int = 1,
         print(f"{peak_name} peak (bench/{source}): {peak:.0f} GMAC/s per core; int8 conv/gemm kernels print "
               f"GMAC/s and % of it (x {threads} threads for * kernels)")
         if peak_name == "vpmaddwd":
-            print("MACs are the direct convolution's: the 3x3 Winograd convs (kernels/qwinograd.py) multiply "
+            print("MACs are the direct convolution's: the 3x3 Winograd convs (x86/qwinograd.py) multiply "
                   "2.25x fewer, so they can pass 100 %")
     if peak is not None and peak_name == "VNNI":
         amx = amx_peak_gmacs()
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
     spec = TargetSpec("x86", features=tuple(f for f in a.features.split(",") if f))
-    from qcompiler.codegen.intrin_x86 import int8_isa
+    from qcompiler.codegen.isa import int8_isa
     print(f"target: {spec.host_tvm}  int8 kernels: {int8_isa(spec)}  threads: {a.threads}")
     if "layers" in a.what:
         names = [n for n in (*LAYERS, *GEMMS) if not a.layers or any(s in n for s in a.layers.split(","))]

@@ -514,10 +514,10 @@ def _cmd_compile(args, log) -> int:
                         "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
     spec = _target_spec(args)
     if spec.family == "cuda":
-        from .codegen.cuda_aot import check_archs
+        from .codegen.cuda.aot import check_archs
         check_archs(spec.arch)              # an --arch this nvcc cannot build: refused before any work
     if spec.family == "cuda" and spec.dtype == "int8":
-        from .codegen.kernels.quant import cuda_int8_layout
+        from .codegen.cuda.int8 import cuda_int8_layout
         cuda_int8_layout()                  # a bad QC_CUDA_INT8_LAYOUT: refused before any work
     check_output_path(args.output, is_dir=True)
     if args.export_qdq:

@@ -277,7 +277,7 @@ class QemuRunner:
     name = "qemu-aarch64"
 
     def __init__(self, out: Path, manifest: dict):
-        from .codegen import arm
+        from .codegen.arm import toolchain as arm
         problems = arm.emulation_problems()
         if problems:
             raise UserError("cannot run the aarch64 artifact under emulation here: " + "; ".join(problems),
@@ -286,7 +286,7 @@ class QemuRunner:
         self.exe = probe_binary()
 
     def call(self, funcs: list[str], runs: list[list[np.ndarray]]) -> dict[str, list[list[np.ndarray]]]:
-        from .codegen import arm
+        from .codegen.arm import toolchain as arm
         with tempfile.TemporaryDirectory(prefix="qc-verify-") as tmp:
             t = Path(tmp)
             specs = []
@@ -308,8 +308,8 @@ class QemuRunner:
 
 def probe_binary() -> Path:
     """verify_probe.cc cross-built for aarch64 against the fetched TVM runtime (cached by source hash)."""
-    from .codegen import arm
-    from .codegen.cuda_aot import cache_dir
+    from .codegen.arm import toolchain as arm
+    from .codegen.cache import cache_dir
     rt = arm.runtime_dir()
     key = hashlib.sha256(PROBE_SOURCE.read_bytes() + str(rt).encode()).hexdigest()[:16]
     exe = cache_dir() / f"verify-probe-{key}" / "verify_probe"

@@ -28,7 +28,7 @@ from qcompiler.codegen.kernels import conv as kconv  # noqa: E402
 from qcompiler.codegen.kernels import qdot  # noqa: E402
 from qcompiler.codegen.kernels.tensor import divisor_at_most  # noqa: E402
 from qcompiler.codegen.lower import build_module  # noqa: E402
-from qcompiler.codegen.schedules import x86  # noqa: E402
+from qcompiler.codegen.x86 import schedules as x86  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.ir import Graph, QuantParams, TensorType  # noqa: E402
 from qcompiler.ir.ops import infer_types  # noqa: E402

@@ -127,11 +127,11 @@ def fused_module(g, spec):
 def classify(mod, target):
     """[(kernel, rule, uses_wmma, (I, J, K) | None)] for every conv/gemm PrimFunc of ``mod``: the
     kernels the lowering already scheduled (rule "cuda_wmma": int8 implicit GEMMs on tensor cores,
-    qcompiler/codegen/schedules/cuda_wmma.py; "cuda_direct": depthwise convs and pooling,
-    schedules/cuda_direct.py), the rest as dlight's ApplyDefaultSchedule would."""
+    qcompiler/codegen/cuda/wmma.py; "cuda_direct": depthwise convs and pooling,
+    cuda/direct.py), the rest as dlight's ApplyDefaultSchedule would."""
     import tvm
     from tvm.s_tir import dlight as dl
-    from qcompiler.codegen.schedules import cuda_wmma
+    from qcompiler.codegen.cuda import wmma as cuda_wmma
     rules = [getattr(dl.gpu, r)() for r in RULES]
     rows = []
     for gv, f in mod.functions.items():
@@ -159,7 +159,7 @@ def classify(mod, target):
 def cuda_source_wmma(g, spec, out: Path) -> int:
     """Builds the artifact for sm_90 and counts ``wmma::mma_sync`` calls in the CUDA source TVM
     generated for it (before nvcc turned it into the embedded fatbin)."""
-    from qcompiler.codegen.cuda_aot import cuda_sources
+    from qcompiler.codegen.cuda.aot import cuda_sources
     from qcompiler.codegen.lower import build_module
     return cuda_sources(build_module(g, spec).mod).count("wmma::mma_sync")
 

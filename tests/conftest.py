@@ -99,7 +99,7 @@ def build_arm_deploy(tmp_path_factory):
     the program's path (the qemu tests run artifacts through it)."""
     import subprocess
     from pathlib import Path
-    from qcompiler.codegen import arm
+    from qcompiler.codegen.arm import toolchain as arm
     build = tmp_path_factory.mktemp("deploy_aarch64")
     repo = Path(__file__).resolve().parent.parent
     r = subprocess.run(["make", "-s", "-C", str(repo / "examples" / "deploy_cpp"), "ARCH=aarch64",

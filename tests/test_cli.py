@@ -118,7 +118,7 @@ def test_an_arch_nvcc_cannot_build_is_one_line_and_exit_2(tmp_path, capsys):
     """--arch sm_61 with CUDA 13's nvcc (which builds sm_75 and newer): one line naming what it
     builds, exit 2, before calibration or any other work (it was an internal error from nvcc at the
     end of the build)."""
-    from qcompiler.codegen.cuda_aot import nvcc_archs
+    from qcompiler.codegen.cuda.aot import nvcc_archs
     known = nvcc_archs()
     if known is None or "sm_61" in known:
         pytest.skip("this nvcc builds sm_61 or does not list its archs")

@@ -25,7 +25,7 @@ import pytest
 
 import realmodels as rm
 from qcompiler.cli import main
-from qcompiler.codegen import arm
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.ir.parser import parse_graph
 from qcompiler.quant import reference
 from qcompiler.runtime import load, read_manifest, run_batches

@@ -11,7 +11,7 @@ Per target family the library is exported with:
 
 * x86: the host C++ compiler (TVM's default, ``g++``);
 * arm: the cross compiler ``aarch64-linux-gnu-g++`` (``$QCOMPILER_AARCH64_CXX`` overrides, see :mod:`.arm`);
-* cuda: the host compiler, with the fatbin compiled by :mod:`.cuda_aot` embedded.
+* cuda: the host compiler, with the fatbin compiled by :mod:`.cuda.aot` embedded.
 
 A quantized graph built with ``spec.debug_layers`` (``--debug-layers``) also gets ``OUT/model.qir``
 (its IR text) and a ``debug`` entry in the manifest naming the values that the library's ``debug``
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence, Union
 from ..errors import UserError
 from ..progress import report
 from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
-from .target import TargetSpec
+from .target import Family, TargetSpec
 
 
 BuildFn = Callable[[Any, TargetSpec], Any]      # (graph, spec) -> tvm.runtime.Executable
@@ -57,7 +57,7 @@ def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: Build
         lib = tmp / LIBRARY
         report("link")
         export_library(ex, lib, spec, workspace=tmp / "work")
-        if spec.family == "cuda":
+        if spec.family is Family.CUDA:
             _check_device_code(lib, cuda_info)
         manifest = make_manifest(graph, spec, lib, cuda_info, command)
         if graph.meta.get("debug_outputs"):
@@ -130,10 +130,10 @@ def _replace(tmp: Path, out: Path) -> None:
 def _compile(graph, spec: TargetSpec, build: BuildFn | None):
     if build is None:
         from .lower import build_module as build
-    if spec.family != "cuda":
+    if spec.family is not Family.CUDA:
         return build(graph, spec), None
     import tvm
-    from . import cuda_aot
+    from .cuda import aot as cuda_aot
     with cuda_aot.device_compile(spec.arch) as info, tvm.target.Target(spec.tvm):
         ex = build(graph, spec)
     return ex, info
@@ -141,9 +141,9 @@ def _compile(graph, spec: TargetSpec, build: BuildFn | None):
 
 def export_cc(spec: TargetSpec) -> str | None:
     """The C++ compiler/linker for ``export_library`` (None: TVM's default host compiler)."""
-    if spec.family != "arm":
+    if spec.family is not Family.ARM:
         return None
-    from .arm import cross_cxx
+    from .arm.toolchain import cross_cxx
     return cross_cxx()
 
 
@@ -161,13 +161,13 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
       rapidocr-det's int8 model.so. A debugger or ``perf --call-graph dwarf`` cannot unwind
       through a kernel frame of such a library."""
     from tvm.support import cc as tvm_cc
-    from . import work_claiming
+    from .x86 import work_claiming
     cc = export_cc(spec)
     objcopy = _objcopy(spec, cc)
     workspace.mkdir()
-    # the atomics the parallel loops of CPU kernels call (work_claiming.py): linked in, so the
+    # the atomics the parallel loops of CPU kernels call (x86/work_claiming.py): linked in, so the
     # artifact still needs nothing but the TVM runtime
-    extra = [str(work_claiming.object_file(cc, workspace))] if spec.family != "cuda" else []
+    extra = [str(work_claiming.object_file(cc, workspace))] if spec.family is not Family.CUDA else []
 
     def fcompile(output, objects, **kwargs):
         for obj in objects:
@@ -184,7 +184,7 @@ def export_library(ex, path: Path, spec: TargetSpec, workspace: Path) -> None:
 def _objcopy(spec: TargetSpec, cc: str | None) -> str | None:
     """The objcopy of the binutils beside ``cc`` (:func:`export_cc`; None: the host's), or None:
     leave the objects as they are (CUDA artifacts, or no such objcopy)."""
-    if spec.family == "cuda":
+    if spec.family is Family.CUDA:
         return None
     if cc is None:
         name = "objcopy"
@@ -195,7 +195,7 @@ def _objcopy(spec: TargetSpec, cc: str | None) -> str | None:
 
 def _check_device_code(lib: Path, info: dict) -> None:
     """A CUDA artifact must carry compiled device code, never CUDA source to JIT at load time."""
-    from .cuda_aot import fatbin_contents
+    from .cuda.aot import fatbin_contents
     data = lib.read_bytes()
     if b"extern \"C\" __global__" in data or b"#include <cuda" in data:
         raise RuntimeError(f"{lib.name} holds CUDA source instead of compiled device code "
@@ -238,11 +238,11 @@ def make_manifest(graph, spec: TargetSpec, lib: Path, cuda_info: dict | None,
         "qcompiler_version": qcompiler.__version__,
         "tvm_version": tvm.__version__,
         "target": {
-            "family": spec.family,
+            "family": spec.family.value,
             "dtype": spec.dtype,
             **({"float_dtype": spec.float_dtype} if spec.float_dtype != "fp32" else {}),
             "cpu": host.get("mcpu"),
-            "arch": list(spec.arch) if spec.family == "cuda" else [],
+            "arch": list(spec.arch) if spec.family is Family.CUDA else [],
             "features": list(spec.features),
             "num_threads": spec.num_threads,
             "tvm": tvm_target,

@@ -21,11 +21,11 @@ qemu-aarch64 within 1e-4·max|ref| of ONNX Runtime (tests/codegen/test_arm_qemu.
 
 CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW), except, opt-in, the int8 convs'
 activations: ``QC_CUDA_INT8_LAYOUT=blocked|blocked-copy`` stores them NCHW16c so the implicit
-GEMM's K = (ci/16, kh, kw, ci%16) loads 16 contiguous bytes per run (kernels/quant.py
-``_cuda_conv_s8s8_blocked``; built and checked on the CPU, not yet timed on a GPU). Two hand schedules are applied
-here at lowering and mark their kernels scheduled: int8 implicit GEMMs on tensor cores
-(:mod:`.schedules.cuda_wmma`, below) and reductions over a small window -- depthwise convs, pooling
--- one thread per output element (:mod:`.schedules.cuda_direct`; dlight's GeneralReduction spent
+GEMM's K = (ci/16, kh, kw, ci%16) loads 16 contiguous bytes per run (cuda/int8.py
+``_conv_s8s8_blocked``; built and checked on the CPU, not yet timed on a GPU). Two hand schedules are applied
+here at lowering (the CUDA rules of :mod:`.schedule`) and mark their kernels scheduled: int8 implicit GEMMs on tensor cores
+(:mod:`.cuda.wmma`, below) and reductions over a small window -- depthwise convs, pooling
+-- one thread per output element (:mod:`.cuda.direct`; dlight's GeneralReduction spent
 a thread block per output element on them: MobileNetV2 int8 took 130 ms at batch 64 on an H100,
 2.5 ms with the direct schedule). Every other PrimFunc is left unmarked and ``tvm.compile``'s CUDA
 pipeline (LegalizeOps, FuseOps/FuseTIR, then dlight's Matmul/GEMV/Reduction/GeneralReduction/
@@ -34,10 +34,10 @@ implicit GEMM, I = n·oh·ow, J = co, K = ci·kh·kw, 2-D block tiles through sh
 small-batch gemms GEMV/Reduction. Tensor cores (WMMA m16n16k16, sm_70+): fp16 (``--dtype fp16``)
 by dlight's ``MatmulTensorization`` where I, J, K > 64 (dlight's threshold) -- the conv's padding
 stage keeps the float16 storage (kernels/conv.py ``_StoredF16``) so the reduction reads
-``f32(A_f16) * f32(B_f16)``; int8 by :mod:`.schedules.cuda_wmma` (dlight's int8 rule with K tiled
+``f32(A_f16) * f32(B_f16)``; int8 by :mod:`.cuda.wmma` (dlight's int8 rule with K tiled
 4x16 -- dlight's own does not build in TVM 0.27 -- and 64-row block tiles) where I >= 32,
-J >= 64, K >= 64 (K >= 256 where J = 64), over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (kernels/quant.py
-``_cuda_conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128).
+J >= 64, K >= 64 (K >= 256 where J = 64), over the s8 x s8 -> s32 form of QLinearConv/QLinearGemm (cuda/int8.py
+``conv_s8s8``: uint8 activations shifted to int8 in the padding stage, zero point z - 128).
 ResNet-18 (224x224) on tensor cores: int8 19 of 20 convs at batch 1, all but the 7x7 stem (9
 with dlight's threshold: layer 1's J = 64 and layer 4's I = 49 missed it); fp16 7 / 11 of 15 at batch 1 / 8. On an H100
 the sm_90 int8 artifacts of ResNet-18 and MobileNetV2 (batch 1, 2026-11-24), of single convs
@@ -57,9 +57,9 @@ DequantizeLinear. Bit-exact with qcompiler.quant.reference (tests/codegen/test_x
 x86 is tested; arm builds the same computes (x86 schedules with 4-lane blocks) and runs bit-exact
 under qemu (tests/codegen/test_arm_int8.py); cuda: see CUDA above. On x86, QLinearConv
 (not depthwise) and QLinearGemm are tensorized on dot-product instructions picked from the target's
-LLVM features (kernels/qdot.py, intrin_x86.py): VNNI vpdpbusd where available, else exact int16
+LLVM features (kernels/qdot.py, x86/intrin.py): VNNI vpdpbusd where available, else exact int16
 vpmaddwd (AVX2). On arm, where the CPU/features have dotprod (``--cpu cortex-a76``, neoverse-n1,
-or ``--features +dotprod``), they run on ``sdot`` (intrin_arm.py; s8 x s8, a uint8 activation
+or ``--features +dotprod``), they run on ``sdot`` (arm/intrin.py; s8 x s8, a uint8 activation
 stored as x ^ 0x80 with zero point z - 128): 8-channel output blocks, the indexed form
 ``sdot Vd.4s, Vn.16b, Vm.4b[lane]`` over the input-channel block, a register tile sized for 32
 NEON registers (gemms: up to 4 rows x 4 registers of columns); llvm-mca (cortex-a76) puts the
@@ -124,6 +124,8 @@ from tvm import relax, te
 
 from ..ir import REGISTRY, Graph, Op, Value
 from ..progress import report
+from .arm import rules as arm_rules
+from .cuda import rules as cuda_rules
 from .fusion import ANCHORS, Group, plan
 from .kernels import conv as kconv
 from .kernels import elementwise as kelem
@@ -135,9 +137,9 @@ from .kernels import shape as kshape
 from .kernels import sparse as ksparse
 from .kernels import sparse_shared as kshared
 from .kernels.tensor import FLOATS, Buf, LTensor, materialize, phys_shape, scalar
-from .schedules import cuda_direct, cuda_wmma
-from .schedules import x86 as sched_x86
-from .target import TargetSpec
+from .schedule import Kernel, apply_rules
+from .target import Family, TargetSpec, vector_width
+from .x86 import rules as x86_rules
 
 
 class LoweringError(NotImplementedError):
@@ -167,22 +169,8 @@ for _k in ("Relu", "Clip"):
 LAZY_BUILDERS["Pad"] = lambda c, a, i, o, f=LAZY_BUILDERS["Pad"]: kquant.pad(c, a, i, o, f)
 
 
-def vector_width(spec: TargetSpec) -> int:
-    """float32 lanes of the widest vector unit of the target CPU."""
-    cpu = (spec.cpu or spec.host_tvm.get("mcpu", "") or "").lower()
-    feats = " ".join(spec.features).lower()
-    if spec.family == "cuda":
-        return 1                  # plain NCHW (blocks of 1): GPU threads map to elements, not lanes
-    if spec.family != "x86":
-        return 4
-    if "-avx512f" in feats:
-        return 8
-    if "+avx512f" in feats:
-        return 16
-    avx512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
-              "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
-              "alderlake-avx512", "x86-64-v4", "knl", "knm")
-    return 16 if any(cpu.startswith(p) for p in avx512) else 8
+SCHEDULE_RULES = {Family.X86: x86_rules.RULES, Family.ARM: arm_rules.RULES, Family.CUDA: cuda_rules.RULES}
+"""Each family's schedule rules, first match wins (:mod:`.schedule`)."""
 
 
 @dataclass
@@ -199,6 +187,7 @@ class KernelCtx:
 
     def __init__(self, lowering: "_Lowering", op: Op | None = None):
         self.low = lowering
+        self.spec: TargetSpec = lowering.spec
         self.vw = lowering.vw
         self.op = op
         self.params: list[tuple[te.Tensor, relax.Expr]] = []
@@ -249,8 +238,10 @@ class _Lowering:
     def __init__(self, graph: Graph, spec: TargetSpec, gpu_schedules: bool = True):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
-        self.cuda_target = tvm.target.Target(spec.tvm) if spec.family == "cuda" else None
-        self.gpu_schedules = gpu_schedules
+        # without GPU schedules (a CUDA module that also compiles for a CPU) only the sparse
+        # kernels keep theirs, which their loops are written for
+        self.rules = SCHEDULE_RULES[spec.family] if gpu_schedules or spec.family is not Family.CUDA \
+            else cuda_rules.BY_CONSTRUCTION
         self.fdtype = ("bfloat16" if spec.dtype == "bf16" else
                        "float16" if "fp16" in (spec.dtype, spec.float_dtype) else "float32")
         self.stored: dict[Value, Stored] = {}
@@ -395,17 +386,7 @@ class _Lowering:
             if tvm_ffi.structural_equal(other, func):
                 return gv
         kind, params = sched
-        if kind == "sparse":
-            scheduled = ksparse.schedule(func, self.spec.family, self.vw, **params)
-        elif self.spec.family == "cuda":
-            # int8 implicit GEMMs on tensor cores (dlight's own int8 rule does not build in TVM 0.27:
-            # schedules/cuda_wmma.py), small-window reductions one thread per output
-            # (schedules/cuda_direct.py); everything else left to the CUDA pipeline's dlight rules
-            scheduled = func if not self.gpu_schedules else (
-                cuda_wmma.schedule_int8(func, self.cuda_target, params.get("fetch_vector", 4))
-                or cuda_direct.schedule(func, self.cuda_target) or func)
-        else:
-            scheduled = sched_x86.apply(func, kind, params, self.vw, self.spec.host_tvm.get("mcpu"))
+        scheduled = apply_rules(self.rules, Kernel(func, kind, params, self.vw), self.spec)
         name = f"k{len(self.kernels)}_{hint}"
         self.kernels.append(name)
         self.sources[name] = (func, kind)
@@ -478,7 +459,7 @@ class _Lowering:
         graph.meta.pop("debug_outputs", None)
         if not self.spec.debug_layers:
             return
-        if self.spec.family == "cuda":
+        if self.spec.family is Family.CUDA:
             return        # tvm.compile's CUDA pipeline fuses call_tirs: debug could differ from main
         if not any(root.type.quant is not None and root.dtype not in FLOATS for root, *_ in self.calls):
             return
@@ -555,13 +536,6 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
     if given, receives each kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py).
     ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module then also compiles for
     a CPU (tests check the CUDA computes there; the schedules only reorder, tile, bind and tensorize)."""
-    if spec.family not in ("x86", "arm", "cuda"):
-        raise LoweringError(f"lower() handles x86, arm and cuda targets; got '{spec.family}'")
-    if spec.dtype not in ("fp32", "fp16", "bf16", "int8"):
-        raise LoweringError(f"the lowering supports --dtype fp32, fp16, bf16 (cuda) and int8 (an already "
-                            f"quantized graph), not {spec.dtype}")
-    if spec.dtype == "bf16" and spec.family != "cuda":
-        raise LoweringError("--dtype bf16 is lowered for --target cuda only")
     graph = _dequantized_weights(graph)
     low = _Lowering(graph, spec, gpu_schedules)
     mod = low.run()
@@ -593,13 +567,13 @@ def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
     message strings) only cost code: measured 444 -> 296 KB of model.so on the Fashion-MNIST
     MobileNet int8 (.text 176 -> 52 KB)."""
     config = {"tirx.disable_assert": True}
-    if spec.family == "cuda":
+    if spec.family is Family.CUDA:
         from .tensor_intrin import import_tensor_intrin
         import_tensor_intrin()              # dlight's fp16 tensor-core rule imports it (46 s -> 8 s)
         if os.environ.get("QC_CUDA_GRAPH") == "1":     # experiment (bench_cuda)
             config["relax.backend.use_cuda_graph"] = True
-    from . import work_claiming
-    pipeline = work_claiming.tir_pipeline() if spec.family != "cuda" else "default"
+    from .x86 import pipeline as cpu_pipeline
+    pipeline = cpu_pipeline.tir_pipeline() if spec.family is not Family.CUDA else "default"
     with tvm.transform.PassContext(opt_level=3, config=config):
         return tvm.compile(mod, target=tvm.target.Target(spec.tvm), tir_pipeline=pipeline)
 

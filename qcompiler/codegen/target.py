@@ -1,21 +1,34 @@
 """Compilation targets: what ``--target``, ``--cpu``, ``--arch`` and ``--dtype`` select.
 
-A :class:`TargetSpec` names the family (x86, arm, cuda) and turns into the TVM target JSON dict
-(TVM 0.27 accepts dicts only).
+A :class:`TargetSpec` names the family (:class:`Family`: x86, arm, cuda) and turns into the TVM
+target JSON dict (TVM 0.27 accepts dicts only). It is validated once, when it is made.
 """
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass, field
 
 from ..errors import UserError
 
-FAMILIES = ("x86", "arm", "cuda")
+
+class Family(str, enum.Enum):
+    """A target family. A ``str``: it compares, hashes, formats and serializes (JSON, manifests)
+    as its value, so ``Family.X86 == "x86"``."""
+    X86 = "x86"
+    ARM = "arm"
+    CUDA = "cuda"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FAMILIES = tuple(f.value for f in Family)
 
 # LLVM's own full-unroll budget at O3 (300) doubled the code of the loops our schedules leave
 # rolled on purpose (epilogue write-backs, padding fills, depthwise taps), for no measured speed:
 # the O2 budget (150) keeps O3's other passes. The kernels' hot loops are unrolled explicitly in
-# TIR by the schedules (:mod:`.schedules.x86`), which this budget does not touch. rapidocr-det int8
+# TIR by the schedules (:mod:`.x86.schedules`), which this budget does not touch. rapidocr-det int8
 # model.so -37 KB, rapidocr-cls -28 KB; rapidocr-cls int8 latency within the noise (0.999 vs
 # 1.046 ms, interleaved medians; 2026-11-23).
 LLVM_OPTIONS = ("-unroll-threshold-aggressive:uint=150",)
@@ -28,7 +41,7 @@ without VNNI (vpmaddwd on zmm), and AMD's and Intel's AVX-512 VNNI cores (vpdpbu
 
 @dataclass(frozen=True)
 class TargetSpec:
-    family: str = "x86"                      # x86 | arm | cuda
+    family: Family = Family.X86              # x86 | arm | cuda (a str is taken and normalised)
     dtype: str = "fp32"                      # fp32 | fp16 | bf16 | int8
     cpu: str | None = None                   # LLVM -mcpu: "znver3", "cortex-a76"; None = host (x86) / generic (arm)
     arch: tuple[str, ...] = ("sm_90",)       # CUDA SM architectures to embed device code for
@@ -40,9 +53,10 @@ class TargetSpec:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise UserError(f"unknown target '{self.family}'", "--target", f"use one of {', '.join(FAMILIES)}")
+        object.__setattr__(self, "family", Family(self.family))
         if self.dtype not in DTYPES:
             raise UserError(f"unknown dtype '{self.dtype}'", "--dtype", f"use one of {', '.join(DTYPES)}")
-        if self.dtype == "bf16" and self.family != "cuda":
+        if self.dtype == "bf16" and self.family is not Family.CUDA:
             raise UserError("bf16 is supported on CUDA only", "--dtype", "use fp16 or fp32 on CPU targets")
         if self.float_dtype not in ("fp32", "fp16"):
             raise UserError(f"unknown float dtype '{self.float_dtype}'", "--float-dtype", "use fp32 or fp16")
@@ -53,7 +67,7 @@ class TargetSpec:
     @property
     def host_tvm(self) -> dict:
         """The LLVM target of the machine that runs the host code."""
-        if self.family == "arm":
+        if self.family is Family.ARM:
             d = {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
                  "mattr": ["+neon", *[f for f in self.features if f != "+neon"]], "cl-opt": list(LLVM_OPTIONS)}
             if self.cpu:
@@ -62,16 +76,16 @@ class TargetSpec:
         d = {"kind": "llvm", "cl-opt": list(LLVM_OPTIONS)}
         if self.cpu:
             d["mcpu"] = self.cpu
-        elif self.family == "x86":
+        elif self.family is Family.X86:
             d["mcpu"] = host_cpu()
-        if self.family == "x86" and self.features:
+        if self.family is Family.X86 and self.features:
             d["mattr"] = list(self.features)
         return d
 
     @property
     def tvm(self) -> dict:
         """The TVM target dict for kernels."""
-        if self.family == "cuda":
+        if self.family is Family.CUDA:
             # generate code for the oldest SM asked for: nvcc then builds it for every SM in arch
             oldest = min(self.arch, key=lambda a: int(a[3:]))
             # limits every sm_70+ part has: dlight sizes its tiles from these (48 KB is the static
@@ -79,6 +93,24 @@ class TargetSpec:
             return {"kind": "cuda", "arch": oldest, "max_shared_memory_per_block": 49152,
                     "max_threads_per_block": 1024, "thread_warp_size": 32, "host": self.host_tvm}
         return self.host_tvm
+
+
+def vector_width(spec: TargetSpec) -> int:
+    """float32 lanes of the widest vector unit of the target CPU."""
+    cpu = (spec.cpu or spec.host_tvm.get("mcpu", "") or "").lower()
+    feats = " ".join(spec.features).lower()
+    if spec.family is Family.CUDA:
+        return 1                  # plain NCHW (blocks of 1): GPU threads map to elements, not lanes
+    if spec.family is not Family.X86:
+        return 4
+    if "-avx512f" in feats:
+        return 8
+    if "+avx512f" in feats:
+        return 16
+    avx512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
+              "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
+              "alderlake-avx512", "x86-64-v4", "knl", "knm")
+    return 16 if any(cpu.startswith(p) for p in avx512) else 8
 
 
 def host_cpu() -> str:

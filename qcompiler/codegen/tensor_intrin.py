@@ -6,7 +6,7 @@ implementation of 124 intrinsics, every target's), and TVM 0.27's ``T.prim_func`
 the source line of every frame on the stack, and during an import the stack holds importlib's frozen
 frames, for which ``inspect.getmodule`` walks all of ``sys.modules``: 46,000 such walks, 46.7 s for
 the import alone on the project's 2-vCPU Zen 1 host -- more than the rest of lowering an int8
-ResNet-18 for CUDA. Both the int8 WMMA schedule (:mod:`.schedules.cuda_wmma`) and dlight's fp16
+ResNet-18 for CUDA. Both the int8 WMMA schedule (:mod:`.cuda.wmma`) and dlight's fp16
 tensor-core rule import it, and MetaSchedule's tuning context does too.
 
 The parser reads the frames' locals (closure variables) and the source line of one frame, the

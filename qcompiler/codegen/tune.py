@@ -1,6 +1,6 @@
 """MetaSchedule tuning of the float kernels on the host (``qcompile --tune TRIALS [--tune-db DIR]``).
 
-The hand schedules of :mod:`.schedules.x86` are one fixed recipe per kernel family. ``--tune``
+The hand schedules of :mod:`.x86.schedules` are one fixed recipe per kernel family. ``--tune``
 searches, per float kernel, TVM's MetaSchedule space (Shao et al., "Tensor Program Optimization with
 Probabilistic Programs", NeurIPS 2022: multi-level tiling, parallel/vectorize/unroll, inlining and
 compute-location decisions as random variables of a schedule trace) on *this* machine, keeps the
@@ -12,7 +12,7 @@ row-wise reductions, elementwise/packing). The int8 dot-product kernels (``conv2
 and the sparse kernels keep their hand schedules, as do integer kernels in general.
 
 Trials. ``TRIALS`` measured schedules in all are shared among the candidates in proportion to
-their estimated single-thread time ``w_i`` (:func:`.schedules.x86._serial_ns`: MACs and element
+their estimated single-thread time ``w_i`` (:func:`.x86.threads.serial_ns`: MACs and element
 counts) by largest remainder: ``s_i = floor(T w_i / W)`` plus one for the ``T - sum s_i`` largest
 remainders ``T w_i / W - s_i``; so ``sum s_i = T`` exactly and a kernel whose share is 0 is not
 tuned. Search: one MetaSchedule task per kernel with ``s_i`` trials over the post-order-apply
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .target import TargetSpec
+from .target import Family, TargetSpec
 
 INDEX = "qcompiler_tune.json"
 HAND_ONLY = ("sparse", "conv2d_dot", "conv2d_winograd", "dense_dot")     # tensor intrinsics / sparse formats: hand schedules
@@ -140,7 +140,7 @@ def tune_target(spec: TargetSpec):
 
 
 def default_db_dir(spec: TargetSpec) -> Path:
-    from .cuda_aot import cache_dir
+    from .cache import cache_dir
     return cache_dir() / "tune" / target_key(spec)
 
 
@@ -149,7 +149,7 @@ def check_options(trials: int, db_dir: str | None, spec: TargetSpec) -> TuneOpti
     if trials <= 0:
         raise UserError(f"--tune needs a positive number of trials, got {trials}", "--tune",
                         "give the total number of measured schedules, e.g. --tune 64")
-    if spec.family != "x86":
+    if spec.family is not Family.X86:
         raise UserError(f"tuning measures kernels on the host, so it runs for --target x86 only, not "
                         f"{spec.family}", "--tune", "drop --tune, or compile with --target x86")
     path = Path(db_dir) if db_dir else default_db_dir(spec)
@@ -193,9 +193,9 @@ def _out_dtype(func) -> str:
 
 def _weight(func) -> float:
     from tvm import s_tir
-    from .schedules import x86
+    from .x86 import threads
     try:
-        return max(x86._serial_ns(s_tir.Schedule(func)), 1.0)
+        return max(threads.serial_ns(s_tir.Schedule(func)), 1.0)
     except Exception:  # noqa: BLE001 - no estimate: the smallest weight
         return 1.0
 
@@ -346,9 +346,9 @@ def _cpu_pipeline(target) -> str:
     """The TIR pipeline artifacts are built with (:func:`.lower.tvm_compile`): candidates and hand
     kernels are timed as they would run (stack register tiles, claimed parallel chunks)."""
     import tvm
-    from . import work_claiming
+    from .x86 import pipeline
     kind = tvm.target.Target(target).kind.name
-    return work_claiming.tir_pipeline() if kind == "llvm" else "default"
+    return pipeline.tir_pipeline() if kind == "llvm" else "default"
 
 
 def time_pairs(pairs: dict, target, repeats: int = 5, min_repeat_ms: int = 10) -> dict[str, tuple]:

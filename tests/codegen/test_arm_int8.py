@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import realmodels as rm
-from qcompiler.codegen import arm
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir.parser import parse_graph

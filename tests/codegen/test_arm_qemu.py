@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen import arm
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 

@@ -1,4 +1,4 @@
-"""ARM int8 QLinearConv / QLinearGemm on ``sdot`` (+dotprod; qcompiler/codegen/intrin_arm.py,
+"""ARM int8 QLinearConv / QLinearGemm on ``sdot`` (+dotprod; qcompiler/codegen/arm/intrin.py,
 kernels/qdot.py) and on the plain NEON int16-product loops (no dotprod), cross-compiled for aarch64
 and run under qemu-aarch64 (user mode; its default CPU model implements FEAT_DotProd), BIT-EXACT
 against the numpy integer oracle (qcompiler.quant.reference).
@@ -12,7 +12,7 @@ a single graph (its own input and output); the graph is built twice, with +dotpr
 and without it (cortex-a53), the schedules in strict mode (a tensorize that fails raises instead of
 falling back to plain loops). The sdot build's disassembly has ``sdot`` instructions and the
 plain one's has none (aarch64-linux-gnu-objdump -d); convs whose input-channel block holds 2-4
-groups of 4 use the indexed form ``sdot Vd.4s, Vn.16b, Vm.4b[lane]`` (intrin_arm.register_lane).
+groups of 4 use the indexed form ``sdot Vd.4s, Vn.16b, Vm.4b[lane]`` (arm/intrin.py register_lane).
 
 Needs: apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
        scripts/fetch_aarch64_runtime.sh
@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen import arm
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.codegen.artifact import write_artifact
-from qcompiler.codegen.intrin_x86 import int8_isa
+from qcompiler.codegen.isa import int8_isa
 from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.quant import hardswish, reference
@@ -124,7 +124,7 @@ def cases():
 
 
 def _build(g: Graph, spec: TargetSpec, out: Path) -> Path:
-    from qcompiler.codegen.schedules import x86
+    from qcompiler.codegen.x86 import schedules as x86
     strict, x86.STRICT = x86.STRICT, True         # a tensorize that fails raises: no silent fallback
     try:
         return write_artifact(g, spec, out)

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 import qcompiler
-from qcompiler.codegen import arm, artifact
+from qcompiler.codegen import artifact
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import LLVM_OPTIONS, TargetSpec
 from qcompiler.errors import UserError

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen import cuda_aot
+from qcompiler.codegen.cuda import aot as cuda_aot
 from qcompiler.codegen.artifact import write_artifact
 from qcompiler.codegen.target import TargetSpec
 
@@ -212,7 +212,7 @@ def _fashion_int8(batch: int = 16):
 @pytest.mark.parametrize("layout", ["nchw", "blocked", "blocked-copy"])
 def test_cuda_int8_lowering_bit_exact_on_cpu(layout, monkeypatch):
     """The int8 kernels lowered for CUDA (group-1 QLinearConv as an s8 x s8 -> s32 implicit GEMM over
-    x - 128, the form dlight's/our int8 WMMA rule takes; kernels/quant.py ``_cuda_conv_s8s8``),
+    x - 128, the form dlight's/our int8 WMMA rule takes; cuda/int8.py ``conv_s8s8``),
     compiled for the host CPU, give exactly the integers of the x86 int8 build and of the numpy
     integer reference on real Fashion-MNIST images. Lowered with ``gpu_schedules=False``: the
     lowering's own GPU schedules (int8 WMMA on sm_70+, depthwise convs) bind threads and compile
@@ -302,7 +302,7 @@ def _launch(script: str, axis: str) -> int:
 
 @pytest.mark.slow
 def test_int8_resnet_conv_is_scheduled_on_wmma_tensor_cores():
-    """ResNet-18-shaped 3x3 int8 convs on int8 WMMA (schedules/cuda_wmma.py) in 64-row block tiles:
+    """ResNet-18-shaped 3x3 int8 convs on int8 WMMA (cuda/wmma.py) in 64-row block tiles:
     1x128x28x28 -> 128 (implicit GEMM I = 784, J = 128, K = 1152) in 64x128 tiles (8 warps, 13
     blocks); 1x128x7x7 -> 128 (I = 49, layer 4's I at batch 1: dlight's threshold, every extent
     > 64, kept it off tensor cores) padded to one 64-row tile; 1x64x28x28 -> 64 (J = 64: layer 1)
@@ -365,7 +365,7 @@ def test_simt_int8_gemm_runs_on_dp4a(shape):
     sm_61+) from each run of 4 k: 64 per K stage, the 4 x 4 tile times 16 / 4, and no scalar
     byte multiply-adds are left (PTX; nvcc 13.0). If a schedule change broke that pattern (say, a k
     run no longer 4 contiguous bytes in shared memory) the SIMT int8 GEMMs would quietly take 4x the
-    multiply instructions: this fails then. Depthwise convs (schedules/cuda_direct.py, 9 taps of one
+    multiply instructions: this fails then. Depthwise convs (cuda/direct.py, 9 taps of one
     channel) have no such run and keep scalar multiply-adds."""
     g = _stem() if shape == "stem" else _one_conv(c=32)
     ptx = _kernel_ptx(g, "qlinearconv")
@@ -410,7 +410,7 @@ def test_16_byte_fetch_only_for_whole_tiles():
     """pad_einsum's zero fill, vectorized with a 16-byte fetch, is a 16-lane int8 broadcast that
     TVM 0.27 prints as ``make_int4`` of 16 arguments (nvcc rejects it): GEMMs that need padding keep
     4-byte loads. ResNet-18 at batch 64 is whole tiles throughout; at batch 1 layers 2-4 are not."""
-    from qcompiler.codegen.schedules.cuda_wmma import _whole_tiles, block_tile
+    from qcompiler.codegen.cuda.wmma import _whole_tiles, block_tile
     for ext, whole in (((1, 3136, 64, 576), True), ((1, 200704, 64, 576), True), ((1, 50176, 128, 1152), True),
                        ((1, 784, 128, 1152), False), ((1, 49, 512, 4608), False), ((1, 3136, 64, 147), False)):
         assert _whole_tiles(ext, block_tile(ext)) == whole, ext
@@ -420,7 +420,7 @@ def test_which_gemms_take_tensor_cores():
     """ResNet-18's implicit GEMMs (S, I, J, K): every 3x3 conv and downsample at batch 1 and 64, not
     the 7x7 stem (J = 64, K = 147: slower on WMMA than on dlight's SIMT rule), not the batch-1 fc
     (I = 1), not a 32-channel conv."""
-    from qcompiler.codegen.schedules.cuda_wmma import tensor_core_sized
+    from qcompiler.codegen.cuda.wmma import tensor_core_sized
     yes = [(1, 49, 512, 4608), (1, 3136, 64, 576), (1, 784, 128, 64), (1, 196, 256, 2304), (1, 200704, 64, 576),
            (1, 3136, 512, 4608), (1, 64, 1000, 512)]
     no = [(1, 12544, 64, 147), (1, 802816, 64, 147), (1, 1, 1000, 512), (1, 784, 32, 288), (1, 16, 512, 4608)]
@@ -430,7 +430,7 @@ def test_which_gemms_take_tensor_cores():
 
 def test_wmma_block_tile_pads_j_least():
     """64 rows; 128 columns unless 64 pads J less (J = 64, 160, 192 ...); 128 on a tie (J = 96)."""
-    from qcompiler.codegen.schedules.cuda_wmma import TILES, block_tile
+    from qcompiler.codegen.cuda.wmma import TILES, block_tile
     for j, tile in ((64, "64x64"), (96, "64x128"), (128, "64x128"), (160, "64x64"), (192, "64x64"),
                     (256, "64x128"), (512, "64x128"), (1000, "64x128")):
         assert block_tile((1, 49, j, 4608)) == TILES[tile], j
@@ -438,7 +438,7 @@ def test_wmma_block_tile_pads_j_least():
 
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 def test_depthwise_conv_is_one_thread_per_output(dtype):
-    """A 3x3 depthwise conv (stride 2) is scheduled by schedules/cuda_direct.py, not dlight's
+    """A 3x3 depthwise conv (stride 2) is scheduled by cuda/direct.py, not dlight's
     GeneralReduction: the output's n*c*oh*ow = 2*24*14*14 = 9408 elements over 37 blocks of 256
     threads, the 9 taps unrolled into a register accumulator, the padding stage inlined (no other
     buffer than the accumulator)."""
@@ -462,7 +462,7 @@ def test_max_pool_keeps_its_running_max_in_a_register(dtype):
 
 def _one_thread_per_output(g, dtype: str, kernel: str, blocks: int):
     """The one kernel of ``g`` (lowered for sm_90 at ``dtype``) whose name holds ``kernel``, and its
-    TVMScript, after checking it is cuda_direct's: ``blocks`` blocks of 256 threads, a 3x3 window
+    TVMScript, after checking it is cuda/direct.py's: ``blocks`` blocks of 256 threads, a 3x3 window
     unrolled, a register (``local``) accumulator its only buffer."""
     from qcompiler.codegen.lower import lower
     mod = lower(g, TargetSpec("cuda", arch=("sm_90",), dtype=dtype))

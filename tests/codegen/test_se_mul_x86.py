@@ -1,4 +1,4 @@
-"""The x86 squeeze-excite QLinearMul in int32 arithmetic (kernels/quant.py ``_se_mul_x86``, schedule
+"""The x86 squeeze-excite QLinearMul in int32 arithmetic (x86/se_mul.py ``se_mul``, schedule
 ``se_mul``): the split-multiplier identity exhaustively in numpy over every product of two 8-bit
 operands, and the kernel BIT-EXACT against the numpy oracle on blocked squeeze-excite blocks with
 several output scales (shifts) and block/width combinations."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen.kernels.quant import _split_multiplier
+from qcompiler.codegen.x86.se_mul import split_multiplier
 from qcompiler.codegen.lower import _Lowering
 from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.quant.requant import quantize_multiplier, requantize
@@ -21,10 +21,10 @@ from test_x86_int8 import SPEC, X86_LEVELS, add_qconv, check_exact, qin  # noqa:
 
 @pytest.mark.parametrize("m, s", [((1 << 31) - 1, 17), ((1 << 31) - 1, 38), (1 << 30, 30), (1787912865, 38),
                                   (1626040321, 38), (1073774593, 25), (2147450879, 21)])
-def test_split_multiplier_identity_exhaustive(m, s):
+def testsplit_multiplier_identity_exhaustive(m, s):
     """floor((p·M + 2^(S-1)) / 2^S) == (d·Gh + 2^(S-17) + ((d·Gl) >> 16)) >> (S-16) for every
     d, g in [-255, 255] (p = d·g), every intermediate inside int32."""
-    mh, ml = _split_multiplier(m)
+    mh, ml = split_multiplier(m)
     assert mh * 65536 + ml == m and -32768 <= ml < 32768
     d, g = np.meshgrid(np.arange(-255, 256, dtype=np.int64), np.arange(-255, 256, dtype=np.int64))
     want = requantize(d * g, m, s, 0, -(1 << 40), 1 << 40)

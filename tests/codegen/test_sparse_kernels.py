@@ -217,7 +217,7 @@ def arm_runner(tmp_path):
     skips the test where aarch64 code cannot run."""
     import subprocess
 
-    from qcompiler.codegen import arm
+    from qcompiler.codegen.arm import toolchain as arm
     missing = arm.emulation_problems()
     if missing:
         pytest.skip("cannot run aarch64 code here: " + "; ".join(missing))
@@ -259,7 +259,7 @@ def test_sparse_cuda_builds(tmp_path, fmt):
     device code compiled (fatbin, no CUDA source); run only where a GPU is present (not here)."""
     import shutil
 
-    from qcompiler.codegen import cuda_aot
+    from qcompiler.codegen.cuda import aot as cuda_aot
     from qcompiler.codegen.artifact import write_artifact
     if not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()):
         pytest.skip("nvcc not found")

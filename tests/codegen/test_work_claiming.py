@@ -1,4 +1,4 @@
-"""Parallel loops whose threads claim their chunks (qcompiler/codegen/work_claiming.py).
+"""Parallel loops whose threads claim their chunks (qcompiler/codegen/x86/work_claiming.py).
 
     for i in parallel(n): body(i)
       ->  ctl = [0, k, n, 0]
@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_x86_int8 import ACT, X86_LEVELS, add_qconv, check_exact, qin  # noqa: E402
 
-from qcompiler.codegen import work_claiming  # noqa: E402
 from qcompiler.codegen.lower import lower, tvm_compile  # noqa: E402
-from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
+from qcompiler.codegen.x86 import threads as thread_rule  # noqa: E402
+from qcompiler.codegen.x86 import work_claiming  # noqa: E402
 from qcompiler.ir import Graph, TensorType  # noqa: E402
 
 
@@ -78,7 +78,7 @@ def test_the_stage_ahead_counts_chunks_instead_of_a_barrier(monkeypatch, cpu):
     """Every kernel on the thread pool (PAR_MIN_NS = 0): the conv is still one launch; inside it
     both loops claim chunks, the stage counts them and every thread waits for the count; TVM's
     barrier (which waits for every thread, a sleeping worker too) is gone. LLVM IR of the build."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(thread_rule, "PAR_MIN_NS", 0.0)
     ll = _conv_llvm_ir(cpu)
     assert len(set(re.findall(r"call i32 @qc_claim\(ptr (%\w+)", ll))) == 2, ll     # the stage's, the main loop's
     assert "@qc_done" in ll and "@qc_wait" in ll
@@ -91,7 +91,7 @@ def test_any_number_of_threads_gives_the_oracle_integers(monkeypatch, threads):
     """The same build run with one thread and with two in the pool (``runtime.config_threadpool``;
     TVM caps the pool at the machine's cores): the calling thread does every chunk, or the two share
     them as they come; the output is the oracle's either way."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(thread_rule, "PAR_MIN_NS", 0.0)
     config = tvm.get_global_func("runtime.config_threadpool")
     config(1, threads)
     try:
@@ -102,7 +102,7 @@ def test_any_number_of_threads_gives_the_oracle_integers(monkeypatch, threads):
 
 def test_off_keeps_the_static_split(monkeypatch):
     """QC_WORK_CLAIMING=0 (A/B runs): TVM's split as it is, the barrier back, no qc_ call."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(thread_rule, "PAR_MIN_NS", 0.0)
     monkeypatch.setattr(work_claiming, "ENABLED", False)
     ll = _conv_llvm_ir(X86_LEVELS[0])
     assert "@qc_claim" not in ll and "TVMBackendParallelBarrier" in ll

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from qcompiler.codegen.intrin_x86 import int8_isa
+from qcompiler.codegen.isa import int8_isa
 from qcompiler.codegen.lower import build_module, lower
 from qcompiler.codegen.target import X86_LEVELS, TargetSpec
 from qcompiler.ir import Graph, QuantParams, TensorType
@@ -177,13 +177,13 @@ def _gemm_exact(storage, m, k, n, spec):
 @pytest.mark.parametrize("shifts", [(33, 34, 36, 38, 40, 44, 55, 62), (32, 33, 36, 38, 40, 44, 55, 62)])
 def test_requantization_shift_edges_bit_exact(shifts):
     """The x86 epilogue computes ``(acc·m + r) >> s`` from the high word of ``acc·m`` in int32
-    when every s is in [33, 62] (``kernels.quant._narrow_shift_ok``), else (one s = 32) in int64:
+    when every s is in [33, 62] (``kernels.requant.narrow_shift_ok``), else (one s = 32) in int64:
     both equal the reference at the edges: s = 33 and 62, m = 2^31 - 1 and 2^30, accumulators of
     both signs up to 256·138·128 ≈ 2^22, outputs clamped at 0 and 255 and in between."""
-    from qcompiler.codegen.kernels.quant import _narrow_shift_ok
+    from qcompiler.codegen.kernels.requant import narrow_shift_ok
     n, k = len(shifts), 256
     ms = [2 ** 31 - 1, 2 ** 30, 1_500_000_000, 2 ** 31 - 2, 1_073_741_825, 2 ** 30 + 12345, 2_000_000_000, 1_234_567_890]
-    assert _narrow_shift_ok({"multiplier": ms, "shift": list(shifts)}, n) == (min(shifts) >= 33)
+    assert narrow_shift_ok({"multiplier": ms, "shift": list(shifts)}, n) == (min(shifts) >= 33)
     g = Graph("q")
     a = g.add_input("a", TensorType((6, k), "uint8", U8))
     w = np.tile(np.array([127, -128, 127, -128, 1, -1, 127, -128], np.int8)[:, None], (1, k))
@@ -441,7 +441,7 @@ def isa_spec(name: str) -> TargetSpec:
 def strict(monkeypatch):
     """A schedule rule that fails raises instead of falling back to plain loops: a test that
     passes ran the tensorized kernel."""
-    from qcompiler.codegen.schedules import x86
+    from qcompiler.codegen.x86 import schedules as x86
     monkeypatch.setattr(x86, "STRICT", True)
 
 

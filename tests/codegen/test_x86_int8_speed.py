@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_x86_int8 import ACT, RNG, SPEC, X86_LEVELS, add_qconv, check_exact, conv_script, qin  # noqa: E402
 
-from qcompiler.codegen.kernels import quant as kquant  # noqa: E402
+from qcompiler.codegen.kernels import requant as krequant  # noqa: E402
 from qcompiler.codegen.lower import build_module, lower, tvm_compile  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
-from qcompiler.codegen.schedules import x86 as sched  # noqa: E402
+from qcompiler.codegen.x86 import schedules as sched  # noqa: E402
+from qcompiler.codegen.x86 import threads  # noqa: E402
 from qcompiler.ir import Graph, QuantParams, TensorType  # noqa: E402
 from qcompiler.quant.requant import conv_multipliers, quantize_multiplier  # noqa: E402
 
@@ -102,7 +103,7 @@ def test_squeeze_excite_gate_hoisted(storage, cpu):
     mul = [mod[gv] for gv in mod.functions if "qlinearmul" in gv.name_hint]
     assert mul, "the gate multiply has its own kernel"
     text = mul[0].script()
-    assert 'sblock("hoist_ghl")' in text        # the gate's split multiplier: once per channel (kernels/quant.py _se_mul_x86)
+    assert 'sblock("hoist_ghl")' in text        # the gate's split multiplier: once per channel (x86/se_mul.py)
     assert "lut" in text                        # ... from the HardSigmoid table
 
 
@@ -152,12 +153,12 @@ def test_bias_epilogue_multiplies_on_vpmuldq(act, cpu):
 
 
 def test_wrapping_add_is_int32_modular():
-    """``_wrapping_add`` = (x + y) mod 2^32 as int32, also where the sum leaves int32 (a partial
+    """``wrapping_add`` = (x + y) mod 2^32 as int32, also where the sum leaves int32 (a partial
     sum may; the true accumulator + bias does not)."""
     xs = np.array([2 ** 31 - 1, -2 ** 31, 5, -7, 2 ** 30, -1], np.int32)
     ys = np.array([1, -1, -9, 7, 2 ** 30, -2 ** 31], np.int32)
     a, b = te.placeholder((6,), "int32", name="a"), te.placeholder((6,), "int32", name="b")
-    out = te.compute((6,), lambda i: kquant._wrapping_add(a[i], b[i]), name="out")
+    out = te.compute((6,), lambda i: krequant.wrapping_add(a[i], b[i]), name="out")
     lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, b, out])}), target="llvm")
     got = tvm.runtime.empty((6,), "int32")
     lib["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys), got)
@@ -167,7 +168,7 @@ def test_wrapping_add_is_int32_modular():
 
 @pytest.mark.parametrize("fold", [-428, -4244, 3662, -2 ** 31])
 def test_wrapping_add_of_an_immediate_then_requantized(fold):
-    """One output channel: the folded bias, multiplier and shift are immediates (``_channel_vec``)
+    """One output channel: the folded bias, multiplier and shift are immediates (``channel_vec``)
     and the narrow (high word) requantization follows the add, vectorized as the kernels are. With
     the bias added as ``reinterpret(int32, uint32(acc) + uint32(fold))`` TVM emitted ``add nuw``,
     and for a negative fold LLVM concluded from it that the sum is negative (poison otherwise):
@@ -177,15 +178,15 @@ def test_wrapping_add_of_an_immediate_then_requantized(fold):
     qp = QuantParams("int8", (0.05,), (3,))
     m, s = 1154613154, 38
     ctx = _Ctx()
-    rq = kquant.requant_fn(ctx, {"multiplier": [m], "shift": [s], "activation": "", "activation_params": []},
+    rq = krequant.requant_fn(ctx, {"multiplier": [m], "shift": [s], "activation": "", "activation_params": []},
                            TensorType((1, 1), "int8", qp), 1)
-    fb = kquant._channel_vec(ctx, [fold], "int32", "qbias")
+    fb = krequant.channel_vec(ctx, [fold], "int32", "qbias")
     assert not ctx.params                              # all immediates: the case that failed
     accs = np.concatenate([np.arange(-70000, 70000, 7, dtype=np.int64), [2 ** 31 - 1, -2 ** 31, -fold]])
     accs = accs[(accs >= -2 ** 31) & (accs < 2 ** 31)].astype(np.int32)
     n = accs.size
     acc = te.placeholder((n,), "int32", name="acc")
-    out = te.compute((n,), lambda i: rq(kquant._wrapping_add(acc[i], fb(0)), 0), name="out")
+    out = te.compute((n,), lambda i: rq(krequant.wrapping_add(acc[i], fb(0)), 0), name="out")
     sch = sched.s_tir.Schedule(te.create_prim_func([acc, out]))
     (i,) = sch.get_loops(sch.get_sblock("out"))
     sch.vectorize(sch.split(i, [None, 16])[1])
@@ -216,10 +217,10 @@ def test_threads_only_for_kernels_that_pay_for_them():
     assert "T.parallel" not in small
     large = sched.apply(_elementwise(65536), "generic", {}, 16).script()       # 1 M elements: ~260 us
     assert "T.parallel" in large
-    assert sched._serial is False                      # reset after apply: the helpers keep threads elsewhere
+    assert threads._serial is False                    # reset after apply: the helpers keep threads elsewhere
     s_small = sched.s_tir.Schedule(_conv_like(8, 6))
     s_large = sched.s_tir.Schedule(_conv_like(64, 56))
-    assert sched._serial_ns(s_small) < sched.PAR_MIN_NS < sched._serial_ns(s_large)
+    assert threads.serial_ns(s_small) < threads.PAR_MIN_NS < threads.serial_ns(s_large)
 
 
 def test_threaded_and_serial_kernels_compute_the_same():
@@ -228,12 +229,12 @@ def test_threaded_and_serial_kernels_compute_the_same():
     xs = np.random.default_rng(0).standard_normal((4096, 16)).astype(np.float32)
     outs = []
     for thr in (1e12, 0.0):
-        old = sched.PAR_MIN_NS
-        sched.PAR_MIN_NS = thr
+        old = threads.PAR_MIN_NS
+        threads.PAR_MIN_NS = thr
         try:
             f = sched.apply(func, "generic", {}, 16)
         finally:
-            sched.PAR_MIN_NS = old
+            threads.PAR_MIN_NS = old
         assert ("T.parallel" in f.script()) == (thr == 0.0)
         lib = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
         o = tvm.runtime.empty((4096, 16), "float32")
@@ -247,8 +248,7 @@ class _Ctx:
     """The part of lower.KernelCtx that requant_fn uses: compile-time params as placeholders."""
 
     def __init__(self):
-        from types import SimpleNamespace
-        self.low = SimpleNamespace(spec=SPEC)
+        self.spec = SPEC
         self.params = []
 
     def param(self, arr, name, keep_dtype=False):
@@ -266,12 +266,12 @@ def test_bias_requant_every_accumulator_including_ties(act):
     qp = QuantParams("uint8", (0.1,), (37,))
     ms, ss, fold = [3001, 1023, 2 ** 30 + 1, 4096], [12, 10, 40, 0], [17, -300, 5, -1]
     ctx = _Ctx()
-    rq = kquant.requant_fn(ctx, {"multiplier": ms, "shift": ss, "activation": act, "activation_params": []},
+    rq = krequant.requant_fn(ctx, {"multiplier": ms, "shift": ss, "activation": act, "activation_params": []},
                            TensorType((1, 4), "uint8", qp), 4)
     fb = ctx.param(np.array(fold, np.int32), "fold")
     accs = np.arange(-3000, 3000, dtype=np.int32)
     acc = te.placeholder((accs.size, 4), "int32", name="acc")
-    out = te.compute((accs.size, 4), lambda i, c: rq(kquant._wrapping_add(acc[i, c], fb[c]), c).astype("int32"),
+    out = te.compute((accs.size, 4), lambda i, c: rq(krequant.wrapping_add(acc[i, c], fb[c]), c).astype("int32"),
                      name="out")
     params = [p for p, _ in ctx.params]
     lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([acc, *params, out])}), target="llvm")
@@ -333,16 +333,16 @@ def test_int8_dot_conv_estimated_at_the_vnni_rate_and_exact_either_way(monkeypat
     kind, func = seen[-1]
     s = sched.s_tir.Schedule(func)
     blocks = [s.get(b) for b in s.get_child_blocks(s.get_sblock("root"))]
-    assert kind == "conv2d_dot" and [b.name_hint for b in blocks if sched._is_int8_dot(b)] == ["conv"]
-    assert sched._serial_ns(s) < sched.PAR_MIN_NS < 2 * sched._serial_ns(s)
+    assert kind == "conv2d_dot" and [b.name_hint for b in blocks if threads.is_int8_dot(b)] == ["conv"]
+    assert threads.serial_ns(s) < threads.PAR_MIN_NS < 2 * threads.serial_ns(s)
     assert "T.parallel" not in zen3
     assert "T.parallel" in conv_script(g, TargetSpec("x86", cpu="znver1"))
     with monkeypatch.context() as m:
-        m.setattr(sched, "INT8_MAC_NS", sched.MAC_NS)
+        m.setattr(threads, "INT8_MAC_NS", threads.MAC_NS)
         assert "T.parallel" in conv_script(g, TargetSpec("x86", cpu="znver3"))
     feeds = {"x": qin(ACT["uint8"], (1, 3, 48, 192))}
     for threshold, what in ((1e12, "serial"), (0.0, "parallel")):      # on this host's CPU
-        monkeypatch.setattr(sched, "PAR_MIN_NS", threshold)
+        monkeypatch.setattr(threads, "PAR_MIN_NS", threshold)
         assert ("T.parallel" in conv_script(g, SPEC)) == (what == "parallel")
         check_exact(g, feeds, f"stem conv {what}")
 
@@ -407,7 +407,7 @@ def test_stage_and_main_loop_share_one_launch(monkeypatch, c, o, hw, cpu):
     """Every kernel forced onto the thread pool (PAR_MIN_NS = 0): the stage ahead of a conv's main
     loop is split across the same launch (``parallel_launch_point``, barrier after it), one launch
     per kernel (batch 2: the batch is part of the split loops)."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(threads, "PAR_MIN_NS", 0.0)
     text = conv_script(_one_launch_conv(c, o, hw), TargetSpec("x86", cpu=cpu))
     assert launches(text) == 1 and text.count("T.parallel") == 2, text
     assert "pragma_parallel_barrier_when_finish" in text
@@ -416,7 +416,7 @@ def test_stage_and_main_loop_share_one_launch(monkeypatch, c, o, hw, cpu):
 @pytest.mark.parametrize("c, o, hw", ONE_LAUNCH_CONVS)
 def test_one_launch_kernels_bit_exact(monkeypatch, c, o, hw):
     """The same kernels on this host's CPU compute the oracle's integers."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(threads, "PAR_MIN_NS", 0.0)
     check_exact(_one_launch_conv(c, o, hw), {"x": qin(ACT["uint8"], (2, c, hw, hw))}, f"one launch {c}->{o} {hw}x{hw}")
 
 
@@ -452,10 +452,10 @@ def test_register_tiles_live_on_the_stack_not_in_a_workspace_per_iteration(monke
     """Every kernel on the thread pool (PAR_MIN_NS = 0), batch 2: a 1x1 int8 conv (dot-product
     tiles), a depthwise one and the fp32 conv of the same shapes keep their register tiles on the
     stack: no TVMBackendAllocWorkspace in any parallel lambda, for AVX2's tiles (ACC_SCOPE "global",
-    under TVM's 1 KB stack bound) and AVX-512's (28 zmm = 1,792 bytes: :mod:`.stack_tiles`). With a
+    under TVM's 1 KB stack bound) and AVX-512's (28 zmm = 1,792 bytes: :mod:`qcompiler.codegen.x86.stack_tiles`). With a
     workspace tile every iteration of the parallel loop called the allocator (and FreeWorkspace):
     fashion_mobilenet int8 at batch 8 took 1720 us against 1227 us (2 threads, Zen 1)."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(threads, "PAR_MIN_NS", 0.0)
     spec = TargetSpec("x86", cpu=cpu)
     calls = lambda_workspace_calls(lower(_pointwise_then_depthwise(), spec), spec)
     assert len([k for k in calls if "qlinearconv" in k]) == 2 and not any(calls.values()), calls
@@ -474,7 +474,7 @@ def test_register_tiles_live_on_the_stack_not_in_a_workspace_per_iteration(monke
 
 def test_stack_tile_kernels_bit_exact(monkeypatch):
     """The kernels of the test above, on this host's CPU, compute the oracle's integers."""
-    monkeypatch.setattr(sched, "PAR_MIN_NS", 0.0)
+    monkeypatch.setattr(threads, "PAR_MIN_NS", 0.0)
     check_exact(_pointwise_then_depthwise(), {"x": qin(ACT["uint8"], (2, 16, 14, 14))}, "stack tiles")
 
 

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) for int8 3x3 convs on ``vpmaddwd`` (:mod:`qcompiler.codegen.kernels.qwinograd`):
+"""Winograd F(2x2, 3x3) for int8 3x3 convs on ``vpmaddwd`` (:mod:`qcompiler.codegen.x86.qwinograd`):
 
 * the integer identity it rests on, in numpy: A^T [(G' g G'^T) ⊙ (B^T d B)] A = 4 · (d ⋆ g) for
   every 2x2 output tile, with G' = 2G;
@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_x86_int8 import ACT, ISAS, X86_LEVELS, add_qconv, check_exact, isa_spec, qin, strict  # noqa: E402,F401
 
-from qcompiler.codegen.intrin_x86 import DotIsa, int8_isa  # noqa: E402
-from qcompiler.codegen.kernels import qwinograd  # noqa: E402
+from qcompiler.codegen.intrin import DotIsa  # noqa: E402
+from qcompiler.codegen.isa import int8_isa  # noqa: E402
 from qcompiler.codegen.lower import lower  # noqa: E402
 from qcompiler.codegen.target import TargetSpec  # noqa: E402
+from qcompiler.codegen.x86 import qwinograd  # noqa: E402
 from qcompiler.ir import Graph, TensorType  # noqa: E402
 
 RNG = np.random.default_rng(11)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen import arm
+from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference

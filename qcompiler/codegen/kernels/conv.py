@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from ..target import Family
 from .elementwise import activation
 from .tensor import Buf, Lazy, LTensor, _simplify, broadcast_index, cast, compute, const, dtype_of
 
@@ -170,7 +171,7 @@ def conv2d(ctx, a, ins, outs):
 
 
 def _is_cuda(ctx) -> bool:
-    return getattr(getattr(getattr(ctx, "low", None), "spec", None), "family", None) == "cuda"
+    return ctx.spec.family is Family.CUDA
 
 
 class _StoredF16(Buf):

@@ -17,7 +17,8 @@ from tvm import te
 
 from . import qdot
 from .conv import conv2d_accumulate
-from .quant import _channel_vec, _mul, _wrapping_add
+from .quant import _mul
+from .requant import channel_vec, wrapping_add
 from .tensor import Buf, Lazy, broadcast_index, cast, compute
 
 I16, I32 = "int16", "int32"
@@ -49,9 +50,9 @@ def conv_integer(ctx, a, ins, outs):
         mul = _mul if _XMAX[x.dtype] * wmax < 2 ** 15 else _mul32
         acc, bo = conv2d_accumulate(ctx, a, x, ws, out_shape, mul, fill=int(z), name="qw")
         fold = -int(z) * ws.astype(np.int64).reshape(k, -1).sum(axis=1)
-        fb = _channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
+        fb = channel_vec(ctx, qdot.wrap_int32(fold), I32, "qbias")
         accb = Buf(acc, out_shape, I32, bo)
-        return [Lazy(out_shape, I32, lambda idx: _wrapping_add(accb.at(idx), fb(idx[1])))]
+        return [Lazy(out_shape, I32, lambda idx: wrapping_add(accb.at(idx), fb(idx[1])))]
     shifted = Lazy(x.shape, I16, lambda idx: cast(x.at(idx), I16) - cast(_scalar_at(zx), I16))
     acc, bo = conv2d_accumulate(ctx, a, shifted, ws, out_shape, _mul32, fill=0, name="qw")
     return [Buf(acc, out_shape, I32, bo)]

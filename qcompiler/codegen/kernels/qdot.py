@@ -2,7 +2,7 @@
 ARM ``sdot`` (+dotprod).
 
 The accumulation ``acc[c] = Σ_k x[k] · w[c, k]`` is tensorized with the intrinsics of
-:mod:`..intrin_x86` and :mod:`..intrin_arm`: the reduction runs in groups of ``q`` consecutive
+:mod:`..x86.intrin` and :mod:`..arm.intrin`: the reduction runs in groups of ``q`` consecutive
 input channels (q = 4 for VNNI and sdot, 2 for pmaddwd) and ``L`` output channels per
 instruction (16, 8 or 4 int32 lanes on x86; 4 = one 128-bit NEON register for sdot, with blocks
 of 8 output channels = two registers where the channel count and output width allow).
@@ -15,7 +15,7 @@ Operands, packed so that one group is one 32-bit word and one weight tile one ve
   so that ``Σ (x - z) w`` is unchanged. sdot reads int8, the mirror image: a uint8 activation
   x is stored as ``x ^ 0x80 = x - 128`` (as int8) and its zero point becomes z - 128. The
   pmaddwd path stores the activations widened to int16 (its weights stay int8 and are widened
-  as they are loaded: :mod:`..intrin_x86`). An input already in the A operand type
+  as they are loaded: :mod:`..x86.intrin`). An input already in the A operand type
   (uint8 for VNNI, int8 for sdot), blocked by a multiple of 4 channels, with no padding, is read
   in place.
 * weights (K'/bo, C'/g/bi, R, S, bi/q, bo, q), packed at compile time: ``bo`` output channels
@@ -26,7 +26,7 @@ A one-channel conv (grayscale stem) whose kernel width S ≡ 1 (mod q) groups q 
 instead of padding its channel to q (:func:`fold_taps`).
 
 On ``vpmaddwd`` (no VNNI) 3x3 stride-1 convs of >= 16 channels go to the Winograd kernel of
-:mod:`.qwinograd` instead (2.25x fewer multiplies, the same integer accumulator).
+:mod:`..x86.qwinograd` instead (2.25x fewer multiplies, the same integer accumulator).
 
 Depthwise convs stay on the plain int16-product kernel (:func:`.conv.conv2d_accumulate`): they
 have no channel reduction, and a per-lane ``vpdpbusd`` over groups of 4 kernel taps (activations
@@ -44,8 +44,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from ..intrin_arm import register_lane
-from ..intrin_x86 import DotIsa, int8_isa
+from ..arm.intrin import register_lane
+from ..intrin import DotIsa
+from ..isa import dot_intrin, int8_isa
 from .tensor import Buf, cast, compute, divisor_at_most
 
 I32 = "int32"
@@ -53,9 +54,7 @@ INDEXED_SDOT = True      # arm: indexed sdot over the input-channel block (scrip
 
 
 def isa_of(ctx) -> DotIsa | None:
-    low = getattr(ctx, "low", None)
-    spec = getattr(low, "spec", None)
-    return int8_isa(spec) if spec is not None else None
+    return int8_isa(ctx.spec)
 
 
 def _up(v: int, m: int) -> int:
@@ -150,7 +149,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
                      intrin=register_lane(bi // q), span=True)
     else:
         ctx.schedule("conv2d_dot", reg_n=reg_n, pad=padded, block=bo,
-                     lanes=lanes, intrin=isa.intrin(lanes))
+                     lanes=lanes, intrin=dot_intrin(isa, lanes))
     if kgp == kg:
         return Buf(acc, out_shape, I32, bo).at, zeff
     accb = Buf(acc, (n, g * kgp, oh, ow), I32, bo)
@@ -210,7 +209,7 @@ def _blocking(ctx, isa: DotIsa, kgp: int, lanes: int, ow: int, groups: int) -> t
     <= 32 (at most 16 columns). llvm-mca (LLVM 14, -mcpu=cortex-a76) on the inner loop of a
     64->64 3x3 conv at 28x28: 1.50 cycles per sdot with bo = 4 and the x86 register budget,
     1.10 with bo = 8, 0.98 with bo = 8 and this budget, 0.56 with the indexed sdot
-    (:func:`..intrin_arm.register_lane`) on top (the bound is 0.5: two sdot pipes)."""
+    (:func:`..arm.intrin.register_lane`) on top (the bound is 0.5: two sdot pipes)."""
     from .conv import _reg_n, register_tile
     if isa.kind == "sdot":
         bo = 2 * lanes if kgp % (2 * lanes) == 0 else lanes
@@ -275,7 +274,7 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
     d = compute((m, npad // lanes, lanes), lambda i, no, ni: te.sum(
         cast(Ap[i, kb * q + kq], I32) * cast(wp[no, kb, ni, kq], I32), axis=[kb, kq]), name="dense")
     mb, nb = _dense_blocking(isa, m, npad // lanes)
-    ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=isa.intrin(lanes), nb=nb)
+    ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=dot_intrin(isa, lanes), nb=nb)
     return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
 
 

@@ -31,12 +31,12 @@ stored x ^ 0x80 with zero point z + 128, as in :mod:`.qdot`). With P == 1 (a bat
 interleaved partial sums vectorized over the non-zeros (gathers of x), summed at the end. On CUDA
 one thread computes one (b, n, p) output (a warp reads consecutive p of the same X row,
 coalesced; the row's weights broadcast). The x86 schedule of the X and epilogue stages is
-:func:`schedule` (parallel outer, vectorized inner; the im2col pixel loop split by the output
+:data:`..x86.rules.SPARSE` (parallel outer, vectorized inner; the im2col pixel loop split by the output
 width so that it reads contiguous input rows).
 
 Exactness: the int8 accumulator is ``Σ x·w`` over the stored integers, the same integer as the
 dense kernels' (zeros contribute nothing), and the zero point, the bias and the requantization
-are the dense kernels' own epilogue (:func:`.quant.requantized`): results are bit-exact. Two ways to form that sum: while ``max|x| · max_n Σ_k |w[n, k]| < 2^24`` (checked at
+are the dense kernels' own epilogue (:func:`.requant.requantized`): results are bit-exact. Two ways to form that sum: while ``max|x| · max_n Σ_k |w[n, k]| < 2^24`` (checked at
 compile time, :func:`.conv.exact_f32_bound`) X is stored as float32 and the sum runs on float32
 FMAs (every partial sum is an integer below 2^24, so exact; 16 lanes per FMA instead of a
 widen-multiply-widen-add chain per 16 int16 products); past the bound, products are formed in
@@ -56,10 +56,12 @@ from tvm.script.ir_builder import tirx as T
 
 from ...ir.types import INT_RANGES
 from ...sparse import format as sfmt
-from ..intrin_x86 import ACC_SCOPE
+from ..intrin import ACC_SCOPE
+from ..target import Family
 from . import qdot
 from .conv import F32_EXACT, _attrs2d, _epilogue, exact_f32_bound
 from .linalg import gemm_epilogue
+from .requant import requantized
 from .tensor import Buf, Lazy, cast, compute, const
 
 I16, I32, F32 = "int16", "int32", "float32"
@@ -164,9 +166,8 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, name="s
     nr = -(-n_rows // rb) * rb
     acc_dtype = I32 if integer and X.dtype != F32 else F32
     lanes = getattr(qdot.isa_of(ctx), "lanes", 0) if vnni else 0
-    spec = getattr(getattr(ctx, "low", None), "spec", None)
-    family = getattr(spec, "family", "x86")
-    vw = getattr(ctx, "vw", 8)
+    family = ctx.spec.family
+    vw = ctx.vw
     ptile = int(X.shape[3]) if packed else 0
     read = (lambda buf, b, k, p: buf[b, p // ptile, k, p % ptile]) if packed else (lambda buf, b, k, p: buf[b, k, p])
 
@@ -182,7 +183,7 @@ def spmm(ctx, X: te.Tensor, enc, *, groups: int, kp: int, integer: bool, name="s
                     rb, nr, nb, p_len)
         k.ptile = ptile
         stmts = []
-        for part in ([k.cuda] if family == "cuda" else [lambda: k.cpu_vnni(lanes)] if vnni else k.cpu(vw)):
+        for part in ([k.cuda] if family is Family.CUDA else [lambda: k.cpu_vnni(lanes)] if vnni else k.cpu(vw)):
             with IRBuilder() as ib:
                 part()
             stmts.append(ib.get())
@@ -282,13 +283,13 @@ class _Kernel:
         word (uint8 bytes), a block's 4 weights are one int32 word broadcast to all lanes, and one
         instruction adds the 4 products of each of ``lanes`` columns (Intel SDM, VPDPBUSD).
         Tiles of 4 registers of columns (P is padded to a multiple of ``lanes``)."""
-        from ..intrin_x86 import _VNNI_LLVM
+        from ..x86.intrin import VNNI_LLVM
         rp, ci, vals = self.wb
         regs = _vnni_tile(self.p, lanes)[1]
         tile = regs * lanes
         ntiles = self.p // tile
         vec, bytes_ = f"int32x{lanes}", f"int8x{4 * lanes}"
-        intrin = _VNNI_LLVM[lanes]
+        intrin = VNNI_LLVM[lanes]
         nblk = self.nr
         with T.parallel(0, self.nb * ntiles * nblk) as q:
             b, t, n = q // (ntiles * nblk), (q // nblk) % ntiles, q % nblk
@@ -382,8 +383,7 @@ def column_tile(ctx, p: int, fmt: str) -> int:
     (2 for BSR 4x1's 4 rows), fewer when P is small; 1 for a GEMV."""
     if p == 1:
         return 1
-    spec = getattr(getattr(ctx, "low", None), "spec", None)
-    vw = 8 if getattr(spec, "family", "") == "cuda" else getattr(ctx, "vw", 8)
+    vw = 8 if ctx.spec.family is Family.CUDA else ctx.vw
     return min((2 if fmt == "bsr4x1" else 4) * vw, -(-p // vw) * vw)
 
 
@@ -457,8 +457,7 @@ def gemm(ctx, a, ins, outs, fmt: str):
 
 def qgemm(ctx, a, ins, outs, fmt: str):
     """QLinearGemm with a sparse int8 weight: the accumulator of :func:`spmm`, then the zero-point
-    fold and requantization of :func:`.quant.requantized` (bit-exact with the dense kernel)."""
-    from .quant import requantized
+    fold and requantization of :func:`.requant.requantized` (bit-exact with the dense kernel)."""
     A = ins[0]
     w = ctx.const_data(1)                                   # N x K
     if w is None:
@@ -534,9 +533,8 @@ def _vnni_tile(p: int, lanes: int) -> tuple[int, int]:
 def _vnni_isa(ctx, fmt: str, x_dtype: str):
     """The x86 VNNI DotIsa when BSR 1x4 int8 runs on vpdpbusd, else None."""
     isa = qdot.isa_of(ctx)
-    spec = getattr(getattr(ctx, "low", None), "spec", None)
     ok = (fmt == "bsr1x4" and isa is not None and isa.kind == "vnni" and x_dtype in ("uint8", "int8")
-          and getattr(spec, "family", "") == "x86")
+          and ctx.spec.family is Family.X86)
     return isa if ok else None
 
 
@@ -567,7 +565,6 @@ def conv2d(ctx, a, ins, outs, fmt: str):
 def qconv2d(ctx, a, ins, outs, fmt: str):
     """QLinearConv with a sparse int8 weight; padding holds the zero point, folded as in
     :func:`.quant.qconv2d` (bit-exact with the dense kernel)."""
-    from .quant import requantized
     x, w = ins[0], ctx.const_data(1)
     if w is None or x.rank != 4:
         return None
@@ -599,27 +596,3 @@ def build(ctx, fmt: str, a, ins, outs):
         if g > 1 and (w.shape[0] // g) % 4:
             return None                      # 4-row blocks would straddle groups: the dense kernel
     return BUILDERS[ctx.op.kind](ctx, a, ins, outs, fmt)
-
-
-# ---- schedule ---------------------------------------------------------------------------------------
-def schedule(func, family: str, vw: int):
-    """The sparse stage is scheduled by construction (its loops are written above); the X stage
-    and the epilogue ("xcol", "out") get a parallel outer / vectorized inner loop nest on CPUs,
-    one thread per element on CUDA. Nothing is inlined: the extern stage declares no reads."""
-    from tvm import s_tir
-    from ..schedules import x86 as sched_x86
-    sch = s_tir.Schedule(func)
-    for name in ("xcol", "out"):
-        try:
-            blk = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
-            continue
-        if family == "cuda":
-            loops = sch.get_loops(blk)
-            f = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-            bx, tx = sch.split(f, [None, CUDA_THREADS])
-            sch.bind(bx, "blockIdx.x")
-            sch.bind(tx, "threadIdx.x")
-        else:
-            sched_x86._spatial_nest(sch, blk, vw)
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)

@@ -15,7 +15,7 @@ and the CSR arrays; the kernel reads them through typed views at offsets it comp
 output's channel count. The size objective of
 ``encode-sparse`` knows this: such a layer as CSR adds no code (``sparse.cost.shares_kernel``).
 
-The computation is that of :func:`.sparse.qconv2d` + :func:`.quant.requantized` (+ :func:`.quant.qadd`),
+The computation is that of :func:`.sparse.qconv2d` + :func:`.requant.requantized` (+ :func:`.quant.qadd`),
 term for term, so the results are bit-exact with the dense and the per-layer sparse kernels::
 
     X[b, k, p]   = int16(x[b, k, p])                       p = h·W + w (1x1, unit stride: no im2col)
@@ -24,7 +24,7 @@ term for term, so the results are bit-exact with the dense and the per-layer spa
     residual:  y = clamp(z2 + (((y1 - zc)·mc + (res - zr)·mr + r2) >> s2), lo2, hi2)
 
 (the int64 arithmetic-shift form of the requantization; the x86 per-layer kernels may use the
-equivalent narrow form of :func:`.quant._narrow_shift_ok`, exact both). Loop nest: X re-laid out
+equivalent narrow form of :func:`.requant.narrow_shift_ok`, exact both). Loop nest: X re-laid out
 as int16 tiles of ``TILE`` columns (columns >= P repeat column P-1), ``parallel for (b, k, tile)``
 → ``vectorized for t < TILE``; then ``parallel for (b, tile, row n)`` → ``for e in row n`` →
 ``vectorized for t < TILE``: ``acc[t] += values[e]·X[col(e), tile·TILE + t]`` (tiles outside rows,
@@ -51,7 +51,7 @@ from ...quant.requant import activation_clamp
 from ...sparse import format as sfmt
 from ...sparse.cost import shares_kernel
 from . import qdot
-from .quant import _wrapping_add
+from .requant import wrapping_add
 from .tensor import cast
 
 I16, I32, I64 = "int16", "int32", "int64"
@@ -91,7 +91,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
     """A :class:`Plan` when group ``g`` (``members`` in order) is a CSR pointwise QLinearConv under
     the size objective, optionally followed by a residual QLinearAdd, on the CPU; else None."""
     from ...ir import REGISTRY
-    from .quant import _folded_bias, _per_channel
+    from .requant import folded_bias, per_channel
     if not members or not wanted(low.graph, members[0]):
         return None
     conv = members[0]
@@ -105,7 +105,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
     if x.dtype not in ("uint8", "int8") or len(x.shape) != 4 or x.shape[0] < 1 or w.shape[1] != x.shape[1]:
         return None
     n = w.shape[0]
-    m, s = np.asarray(_per_channel(a["multiplier"], n), np.int64), np.asarray(_per_channel(a["shift"], n), np.int64)
+    m, s = np.asarray(per_channel(a["multiplier"], n), np.int64), np.asarray(per_channel(a["shift"], n), np.int64)
     if m.min() < -2 ** 31 or m.max() >= 2 ** 31 or s.min() < 0 or s.max() > 62:
         return None
     y1 = conv.results[0]
@@ -116,7 +116,7 @@ def plan(low, g, members, stored, storage_dtype, root_block) -> Plan | None:
     zx = int(conv.operands[0].type.quant.zero_point[0])
     bias = conv.operands[2].data if len(conv.operands) > 2 and conv.operands[2] is not None \
         and conv.operands[2].is_const else None
-    fold = qdot.wrap_int32(_folded_bias(w, bias, zx))
+    fold = qdot.wrap_int32(folded_bias(w, bias, zx))
     enc = sfmt.encode(w.reshape(n, -1), "csr")
     ptr = enc.row_ptr.astype(np.uint16) if enc.row_ptr[-1] <= np.iinfo(np.uint16).max else enc.row_ptr
     sc = [int(q1.zero_point[0]), lo1, hi1]
@@ -285,7 +285,7 @@ def build(key: Key):
                     with T.serial(0, _div(tirx.min(hw - t * TILE, TILE) + (LANES - 1), LANES)) as j:
                         with T.vectorized(0, LANES) as i:
                             p = tirx.min(t * TILE + j * LANES + i, hw - 1)
-                            a32 = _wrapping_add(acc[j * LANES + i], fold_r)   # not a uint32 add: TVM emits it `nuw`
+                            a32 = wrapping_add(acc[j * LANES + i], fold_r)   # not a uint32 add: TVM emits it `nuw`
                             y = rq(cast(a32, I64) * m_r, s_r, scb[0], scb[1], scb[2])
                             off = ((b * n_o + co) * hw + p) * cbo + cb
                             if resb is not None:

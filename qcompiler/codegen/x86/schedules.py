@@ -1,4 +1,4 @@
-"""Hand-written x86 schedules (``s_tir.Schedule``) for the kernels of :mod:`..kernels`.
+"""Hand-written CPU schedules (``s_tir.Schedule``; x86, and arm with 4-lane vectors) for the kernels of :mod:`..kernels`.
 
 The kernel builder names the schedule (``ctx.schedule(kind, **params)``) and its blocks
 (``pad``, ``conv``, ``pool``, ``dense``, ``matmul``, ``rmax``/``rsum``/``rmean``/``rvar``/``reduce``
@@ -8,7 +8,7 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
   style of TVM's x86 ``conv2d_NCHWc``: the loop nest is (n·ko·y) parallel, then output-width
   tiles of ``reg_n`` columns; inside a tile the reduction runs over (input-channel blocks, kernel
   rows, kernel columns, input channels) with ``reg_n × b`` accumulators in registers
-  (``cache_write`` to :data:`..intrin_x86.ACC_SCOPE`: a stack tile, not a workspace call per
+  (``cache_write`` to :data:`..intrin.ACC_SCOPE`: a stack tile, not a workspace call per
   tile), the ``b`` output channels being one vector. The epilogue (bias, residual, activation,
   cast) is inlined into the register write-back.
 * ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
@@ -21,9 +21,9 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 
 A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
 loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
-thread pool only where its estimated time pays for the launch (PAR_MIN_NS, SLOW_CORE_SCALE).
+thread pool only where its estimated time pays for the launch (:mod:`.threads`).
 After TVM's lowering the threads claim each parallel loop's iterations in chunks, and the stage
-ahead counts its chunks instead of TVM's barrier (:mod:`..work_claiming`): a launch no longer
+ahead counts its chunks instead of TVM's barrier (:mod:`.work_claiming`): a launch no longer
 waits for a sleeping worker to start its static share.
 
 Every rule falls back to ``generic`` if a primitive refuses (a shape the rule did not foresee).
@@ -37,92 +37,20 @@ import os
 import tvm
 from tvm import s_tir
 
-from ..intrin_x86 import ACC_SCOPE
+from ..intrin import ACC_SCOPE
+from . import threads
 
 log = logging.getLogger(__name__)
 STRICT = os.environ.get("QC_STRICT_SCHEDULE") == "1"
 MIN_PARALLEL = 2048            # don't spawn threads for kernels smaller than this many outputs
-# Thread launches: a kernel runs on the thread pool only when its estimated single-thread time is
-# at least PAR_MIN_NS. A parallel launch costs the wake-up of the worker threads: measured on the
-# 2-core x86 host (TVM_NUM_THREADS=2, idle workers not spinning, as bench/bench_int8.py runs) a
-# parallel loop of 16 elements takes 6.2 us against 0.03 us serial, and a 64 K-element elementwise
-# kernel 41 us against 8.8 us serial while the other core is busy (the worker waits for it). The
-# estimate (:func:`_serial_ns`) is per loop iteration of each block: MAC_NS for a reduction
-# (conv/gemm/pool multiply-accumulates; 1-thread rates of the real models' conv kernels are 12-30
-# MAC/ns in fp32 and int8 alike, the int8 ones bound by their requantization epilogue), ELEM_NS for
-# a spatial block (packing, epilogues, elementwise). The same rule holds for every precision, with
-# the multiply-accumulates of an int32 sum of 8-bit products (the VNNI / pmaddwd dot-product convs
-# and gemms) at INT8_MAC_NS: rapidocr-cls's stem conv (3 -> 8 channels, 3x3 s2, 24x96), whose input
-# channels vpdpbusd pads to 4, summed 663 K int8 MACs in 30 us serial against 497 K fp32 MACs in
-# 34 us (1.5x the rate); at MAC_NS it was estimated 47 us and ran parallel, 120 us at 2 threads
-# with the other core busy, while the fp32 build kept it serial. The int8 rate is 3x MAC_NS
-# (60 MAC/ns): the dot-product convs of the digit models run at 51-78 MAC/ns on one Zen 3 core
-# with AVX2 vpmaddwd (their requantization epilogue counted apart at ELEM_NS per output), the VNNI
-# ones at ~170; at 1.5x uspsnet's 32->64 3x3 conv at 8x8 (1.2 M MACs, 19 us serial) was
-# estimated 41 us and ran parallel, the whole model 35.3 us at 2 threads against 30.2 us serial.
-# The 16 int16 gemms of a Winograd conv (block "wgemm", :mod:`..kernels.qwinograd`) count at
-# WINO_MAC_NS (30 MAC/ns): vpmaddwd like the direct int8 convs, but with short reductions and small
-# register tiles (4-7 tile columns), and their transforms around them. mnistnet's 32->64 conv at
-# 14x14 (1.6 M gemm MACs) at INT8_MAC_NS was estimated 36 us and ran serial: 195 us for the model
-# at 2 threads on a 2-core AMD EPYC (Zen 1) against 150 us with it parallel; uspsnet's (0.5 M) is
-# the same either way (68.8 / 69.0 us) and stays serial.
-PAR_MIN_NS = float(os.environ.get("QC_PAR_MIN_NS", "40000"))
-MAC_NS, ELEM_NS = 1 / 20, 0.25
-INT8_MAC_NS = MAC_NS / 3
-WINO_MAC_NS = MAC_NS / 1.5
-# The rates above are one Zen 3 core's. A core that runs every 256-bit AVX2 instruction as two
-# 128-bit halves, AMD Zen 1 / Zen+ (LLVM's -mcpu znver1; ~2 GHz in the 2-vCPU EPYC we measured),
-# takes about twice as long for the same kernel (its vpmaddwd peak is 19 GMAC/s against Zen 3's
-# 38, bench/x86_avx2_peak.c), while a thread launch costs no less: there the estimates are
-# doubled. Measured on that host, 2 threads, interleaved A/B of the int8 artifacts (threshold 40 ->
-# 20 us, which is the same decisions): svhnnet 812 -> 777 us (its 3 -> 32 stem conv, estimated 20
-# us, takes 92 us serial), uspsnet 75.0 -> 64.5, rapidocr-cls 1853 -> 1603, mnistnet and
-# fashion_mobilenet unchanged; fp32 builds unchanged or faster (svhnnet 1386 -> 1319 us).
-SLOW_CORE_SCALE = {"znver1": 2.0}
-_serial = False                # set by apply() for the kernel being scheduled
-_scale = 1.0                   # set by apply(): SLOW_CORE_SCALE of the target CPU
-
-
-def _serial_ns(sch) -> float:
-    """Estimated single-thread time of the kernel (ns): see PAR_MIN_NS."""
-    total = 0.0
-    root = _block(sch, "root")
-    for blk in sch.get_child_blocks(root) if root is not None else []:
-        n = 1
-        for iv in sch.get(blk).iter_vars:
-            n *= int(iv.dom.extent)
-        if not _is_reduction(sch, blk):
-            total += n * ELEM_NS
-        else:
-            b = sch.get(blk)
-            total += n * (WINO_MAC_NS if b.name_hint == "wgemm" else INT8_MAC_NS if _is_int8_dot(b) else MAC_NS)
-    return total
-
-
-def _is_int8_dot(block) -> bool:
-    """An int32 accumulation of products of uint8/int8 values (a dot-product kernel)."""
-    return (any(str(w.source.dtype) == "int32" for w in block.writes)
-            and any(str(r.source.dtype) in ("uint8", "int8") for r in block.reads))
-
-
-def _parallel(sch, loop):
-    """``sch.parallel(loop)`` unless the kernel is too small to pay for a thread launch."""
-    if not _serial:
-        sch.parallel(loop)
 
 
 def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int, cpu: str | None = None) -> tvm.tirx.PrimFunc:
     """Schedule ``func`` with rule ``kind`` for LLVM CPU ``cpu`` (its thread rule:
-    SLOW_CORE_SCALE); returns the scheduled PrimFunc marked as such."""
-    global _serial, _scale
+    :func:`.threads.thread_rule`); returns the scheduled PrimFunc marked as such."""
     rule = RULES.get(kind, generic)
     sch = s_tir.Schedule(func)
-    _scale = SLOW_CORE_SCALE.get(cpu or "", 1.0)
-    try:
-        _serial = _serial_ns(sch) * _scale < PAR_MIN_NS
-    except Exception:  # noqa: BLE001 - no estimate: keep the rules' own parallel loops
-        _serial = False
-    try:
+    with threads.thread_rule(sch, cpu):
         try:
             rule(sch, vw=vw, **params)
         except Exception as e:  # noqa: BLE001 - any refusal falls back to the generic rule
@@ -136,9 +64,6 @@ def apply(func: tvm.tirx.PrimFunc, kind: str, params: dict, vw: int, cpu: str | 
                 if STRICT:
                     raise
                 sch = s_tir.Schedule(func)
-    finally:
-        _serial = False            # callers of the helpers outside apply() (kernels/sparse.py) keep threads
-        _scale = 1.0
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -179,7 +104,7 @@ def _spatial_nest(sch, blk, vw: int, parallel: bool = True):
         outer = list(loops)
     if parallel and outer and total >= MIN_PARALLEL:
         f = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        _parallel(sch, f)
+        threads.parallel(sch, f)
 
 
 def _inline_spatial(sch, keep=()):
@@ -223,7 +148,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     xo, xi = sch.split(x, [None, reg_n])
     sch.reorder(n, ko, y, xo, *red, xi, ki)
     par = sch.fuse(n, ko, y)
-    _parallel(sch, par)
+    threads.parallel(sch, par)
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -273,12 +198,12 @@ def _split_ahead(sch, launch, blk, loops):
     if launch is not None:
         _one_launch(sch, launch, lead)
     else:
-        _parallel(sch, lead)
+        threads.parallel(sch, lead)
 
 
 def _pays_alone(sch, loops) -> bool:
     """A spatial stage whose elements at ELEM_NS pay for a thread launch of their own."""
-    return math.prod(_extent(sch, lp) for lp in loops) * ELEM_NS * _scale >= PAR_MIN_NS
+    return threads.pays_alone(math.prod(_extent(sch, lp) for lp in loops))
 
 
 def _write_back(sch, vw):
@@ -350,7 +275,7 @@ def dense(sch, vw, mb):
     sch.reorder(io, no, rk, ii, ni)
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
-        _parallel(sch, par)
+        threads.parallel(sch, par)
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, par, preserve_unit_loops=True)
     _write_back(sch, vw)
@@ -366,7 +291,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
     (n, ko, y, x, ki, icb, rh, rw, ic, iq); the loop nest is that of :func:`_nchwc` with the output
     channels split into registers of ``lanes`` and the (lanes x iq) tile tensorized.
 
-    ``span`` (ARM indexed sdot, :func:`..intrin_arm.register_lane`): the intrinsic also covers
+    ``span`` (ARM indexed sdot, :func:`..arm.intrin.register_lane`): the intrinsic also covers
     the ``ic`` groups of the input-channel block, ``(ic x lanes x iq)``, so ic moves inside the
     register tile: one load of A per output column and input-channel block, reused by all the
     tile's output-channel registers through the sdot lane index."""
@@ -379,7 +304,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
     else:
         sch.reorder(n, ko, y, xo, icb, rh, rw, ic, xi, kio, kil, iq)
     par = sch.fuse(n, ko, y)
-    _parallel(sch, par)
+    threads.parallel(sch, par)
     if pad:
         _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
@@ -394,7 +319,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
 
 
 def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
-    """int8 3x3 conv by Winograd F(2x2, 3x3) (:mod:`..kernels.qwinograd`): one parallel loop, over
+    """int8 3x3 conv by Winograd F(2x2, 3x3) (:mod:`.qwinograd`): one parallel loop, over
     output tile rows or (``by_channel``, where the transformed weights outnumber the transformed
     input: K > tiles) over blocks of output channels. Inside it the transform the loop splits (the
     input's "wino_in" for tile rows, the weights' "wino_w" for channel blocks), the 16 gemms
@@ -416,7 +341,7 @@ def conv2d_winograd(sch, vw, reg_n, lanes, intrin, by_channel=False):
         by_channel = False
         sch.reorder(n, yo, cob, xo, ya, xb, *cb)
         par = sch.fuse(n, yo)
-    _parallel(sch, par)
+    threads.parallel(sch, par)
     sch.unroll(ya)
     sch.unroll(xb)
     if cb:
@@ -469,7 +394,7 @@ def _one_launch(sch, launch, before):
     whose lambda holds both loops; each parallel loop inside it takes the thread's static share)
     and ``before`` ends with ``TVMBackendParallelBarrier``. No statement may sit between them outside
     a parallel loop: every thread of the launch runs it. A second launch instead wakes the sleeping
-    workers again. (After lowering, :mod:`..work_claiming` makes both loops claim chunks and the
+    workers again. (After lowering, :mod:`.work_claiming` makes both loops claim chunks and the
     barrier a count of the stage's finished chunks.)"""
     sch.parallel(before)
     sch.annotate(before, "pragma_parallel_barrier_when_finish", 1)
@@ -503,7 +428,7 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
         sch.reorder(io, no, kb, ii, ni, kq)
     par = sch.fuse(io, no)
     if _extent(sch, par) > 1:
-        _parallel(sch, par)
+        threads.parallel(sch, par)
     if _block(sch, "pad") is not None:
         _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
@@ -524,7 +449,7 @@ def matmul(sch, vw):
     b = vw if nj % vw == 0 else (nj if nj <= vw else 1)
     rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     if _extent(sch, rows) > 1:
-        _parallel(sch, rows)
+        threads.parallel(sch, rows)
     if b > 1:
         jo, ji = sch.split(j, [None, b])
         sch.reorder(rows, jo, rk, ji)
@@ -566,11 +491,11 @@ def rowwise(sch, vw, rows):
             _, ci = sch.split(c, [None, vw])
             sch.vectorize(ci)
     if _extent(sch, r) > 1:
-        _parallel(sch, r)
+        threads.parallel(sch, r)
 
 
 def se_mul(sch, vw, r):
-    """The squeeze-excite multiply of :func:`..kernels.quant._se_mul_x86`: output (n, co, h, w, ci)
+    """The squeeze-excite multiply of :func:`.se_mul.se_mul`: output (n, co, h, w, ci)
     with its per-channel operands stored [n, co, 2, r, ci]; the vector loop runs over ``r`` output
     columns × the channel block (one contiguous run of the output, of x and of the operands), the
     rest fused and parallel when large enough. The small per-channel stages keep the generic rule."""
@@ -587,7 +512,7 @@ def se_mul(sch, vw, r):
     sch.vectorize(sch.fuse(wi, ci))
     f = sch.fuse(n, co, h, wo)
     if total >= MIN_PARALLEL:
-        _parallel(sch, f)
+        threads.parallel(sch, f)
 
 
 def generic(sch, vw, **_):
@@ -605,7 +530,7 @@ def generic(sch, vw, **_):
                 if total > 1:
                     f = sch.fuse(*sp) if len(sp) > 1 else sp[0]
                     if total >= 64:
-                        _parallel(sch, f)
+                        threads.parallel(sch, f)
         else:
             _spatial_nest(sch, blk, vw)
 

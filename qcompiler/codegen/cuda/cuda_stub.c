@@ -7,7 +7,7 @@
  * tvm_callback_cuda_compile (nvcc -> fatbin) and the artifact carries compiled device code.
  *
  * Every entry point fails with CUDA_ERROR_NO_DEVICE (100). Build-time only: never ship it.
- * Built by qcompiler.codegen.cuda_aot: gcc -shared -fPIC -Wl,-soname,libcuda.so.1 */
+ * Built by qcompiler.codegen.cuda.aot: gcc -shared -fPIC -Wl,-soname,libcuda.so.1 */
 typedef int CUresult;
 static const char* kMsg = "CUDA_ERROR_NO_DEVICE (qcompiler build-host stub libcuda)";
 #define STUB(name) CUresult name() { return 100; }

@@ -1,4 +1,4 @@
-/* The three atomic operations of qcompiler's parallel loops (qcompiler/codegen/work_claiming.py).
+/* The three atomic operations of qcompiler's parallel loops (qcompiler/codegen/x86/work_claiming.py).
  *
  * TVM's LLVM CPU codegen has no atomic add, so the loops call these. They are linked into every
  * CPU model.so (and loaded into the compiling process for in-process builds): the artifact still

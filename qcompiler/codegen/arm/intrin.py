@@ -4,7 +4,7 @@
 later, Neoverse N1/V1): ``SDOT Vd.4S, Vn.16B, Vm.16B`` adds, to each of the 4 int32 lanes of Vd,
 the 4 products of the corresponding 4 signed bytes of Vn and Vm (Arm ARM, "SDOT (vector)").
 Both operands are *signed* int8. That is the 4-lane shape of x86 VNNI's ``vpdpbusd`` with an
-int8 instead of a uint8 A operand, so the kernels of :mod:`.kernels.qdot` use it unchanged but
+int8 instead of a uint8 A operand, so the kernels of :mod:`..kernels.qdot` use it unchanged but
 for the activation's storage: a uint8 activation ``x`` is stored as ``x ^ 0x80 = x - 128``
 (int8) and its zero point becomes ``z - 128``, so that ``Σ (x - z)·w`` is unchanged; int8
 activations are read in place.
@@ -12,13 +12,13 @@ activations are read in place.
 Exactness: each product is at most 128·128 = 2^14 in magnitude and the sum of four 2^16, formed
 exactly in the int32 lane; the accumulation wraps modulo 2^32 (sdot does not saturate), which is
 exact for the true result as the kernels fold the zero point as ``Σ x w − z Σ w`` (see
-:mod:`.intrin_x86`).
+:mod:`..x86.intrin`).
 
 ``C[i] += Σ_k A[k] · B[i, k]`` for 4 lanes i and k < 4: A is one 32-bit word (4 x s8) broadcast
 to the 4 lanes, B one 128-bit register (4 lanes x 4 s8). A block of 8 output channels is two
 such instructions (the schedule unrolls the register loop). The intrinsic is registered per
 accumulator scope (tensorize matches buffer scopes; the kernels' is
-:data:`.intrin_x86.ACC_SCOPE`): ``qc_arm_sdot_4_{scope}``. TVM's own ``dot_4x4_i8i8s32_sdot``
+:data:`..intrin.ACC_SCOPE`): ``qc_arm_sdot_4_{scope}``. TVM's own ``dot_4x4_i8i8s32_sdot``
 (tvm/s_tir/tensor_intrin/arm_cpu.py) is the same computation for one scope, and has no indexed
 form (:func:`register_lane`).
 """
@@ -29,8 +29,8 @@ from functools import lru_cache
 from tvm import s_tir
 from tvm.script import tirx as T
 
-from .intrin_x86 import ACC_SCOPE
-from .target import TargetSpec
+from ..intrin import ACC_SCOPE, DotIsa, dot_desc
+from ..target import Family, TargetSpec
 
 SDOT_LLVM = "llvm.aarch64.neon.sdot.v4i32.v16i8"
 
@@ -39,7 +39,7 @@ def arm_isa(spec: TargetSpec):
     """``DotIsa("sdot", 4)`` when LLVM says the arm target's CPU (``spec.cpu``, generic when
     unset) with ``spec.features`` (``+dotprod`` switches it on, ``-dotprod`` off) has the dot
     product; None otherwise (the plain int16-product loops)."""
-    if spec.family != "arm":
+    if spec.family is not Family.ARM:
         return None
     host = spec.host_tvm
     return _isa(host.get("mtriple", "aarch64-linux-gnu"), host.get("mcpu", ""), tuple(host.get("mattr", ())))
@@ -49,8 +49,6 @@ def arm_isa(spec: TargetSpec):
 def _isa(mtriple: str, cpu: str, mattr: tuple):
     import tvm
     from tvm.target import codegen
-
-    from .intrin_x86 import DotIsa
     t = {"kind": "llvm", "mtriple": mtriple}
     if cpu:
         t["mcpu"] = cpu
@@ -66,7 +64,6 @@ def _make(lanes: int, scope: str):
     if lanes != 4:
         raise ValueError(f"sdot has 4 int32 lanes, not {lanes}")
     k, word = 4, 16
-    from .intrin_x86 import dot_desc
     desc = dot_desc(k, lanes, "int8", "int8", scope)
 
     @T.prim_func(s_tir=True)
@@ -130,7 +127,7 @@ def _make_lane(groups: int, scope: str):
             T.reads(C[0:lanes], A[0:groups * k], B[0:groups, 0:lanes, 0:k])
             T.writes(C[0:lanes])
             # the A words inline (each use one more identical load, which LLVM merges): bound to a
-            # name, TVMScript made them a buffer of their own (see intrin_x86.ACC_SCOPE)
+            # name, TVMScript made them a buffer of their own (see ..intrin.ACC_SCOPE)
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(SDOT_LLVM), C.vload([0], "int32x4"),
                 B.vload([0, 0, 0], dtype="int8x16"),

@@ -17,7 +17,7 @@ coalesced; the overlap between windows is served by L1).
 
 It applies to a PrimFunc with exactly one reduction block whose reduction extent (the product of
 its reduce loops) is at most :data:`MAX_TAPS` and that dlight cannot read as a GEMM; GEMMs (1x1
-and grouped convs, gemms: dlight's Matmul or :mod:`.cuda_wmma`) and larger reductions (global
+and grouped convs, gemms: dlight's Matmul or :mod:`.wmma`) and larger reductions (global
 pools over a big plane) stay with dlight.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
 from tvm.target import Target
 
-from .cuda_wmma import gemm_extents
+from .wmma import gemm_extents
 
 MAX_TAPS = 64            # a 7x7 window is 49; a 1x1 conv's K or a global pool is left to dlight
 THREADS = 256

@@ -11,7 +11,7 @@ kernels serial than with the thread rule's parallel ones (svhnnet 500 against 54
 calling thread go through the loop itself and takes a late worker's help only for what is left,
 gains from its second thread.
 
-This pass (run by :func:`..lower.tvm_compile` on CPU targets after TVM's lowering, before the
+This pass (run by :func:`..lower.tvm_compile` through :mod:`.pipeline` on CPU targets after TVM's lowering, before the
 host finalization) gives our loops that behaviour. Every ``parallel`` loop
 
     for i in parallel(n): body(i)
@@ -27,7 +27,7 @@ frame (next chunk, k, n, finished chunks), set before the launch:
 
 so the calling thread starts at once and does all the chunks if no worker comes; a worker that
 wakes late claims what is left (or nothing) and the launch ends when both are through. The loop
-ahead of a kernel's main loop inside one launch (:func:`..schedules.x86._one_launch`: a packing
+ahead of a kernel's main loop inside one launch (:func:`.schedules._one_launch`: a packing
 stage or the Winograd transform, ``pragma_parallel_barrier_when_finish``) counts its finished
 chunks (``qc_done``) instead of meeting at TVM's barrier (which waits for every thread, the sleeping
 one too): each thread, once no chunk is left to claim, waits until the count is complete
@@ -59,7 +59,6 @@ from tvm import tirx
 ENABLED = os.environ.get("QC_WORK_CLAIMING", "1") != "0"
 SOURCE = Path(__file__).with_name("work_claiming.c")
 MAX_CHUNKS = 64         # chunks of a loop: an atomic claim each (~10 ns), enough for balance
-PIPELINE = "qcompiler-cpu"
 LAUNCH, BARRIER = "pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish"
 _lock = threading.Lock()
 _loaded: list[ctypes.CDLL] = []
@@ -217,26 +216,6 @@ def work_claiming(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gv, f in mod.functions.items():
         out[gv] = rewrite(f) if isinstance(f, tirx.PrimFunc) else f
     return tvm.IRModule(out, attrs=mod.attrs) if mod.attrs is not None else tvm.IRModule(out)
-
-
-def _pipeline():
-    """TVM's default TIR pipeline, then :func:`.stack_tiles.stack_tiles` and (unless
-    ``QC_WORK_CLAIMING=0``) :func:`work_claiming`."""
-    from tvm.s_tir.pipeline import default_s_tir_pipeline
-    from .stack_tiles import stack_tiles
-    pipe, finalize_host, finalize_device = default_s_tir_pipeline()
-    ours = [stack_tiles, work_claiming] if ENABLED else [stack_tiles]
-    return tvm.transform.Sequential([pipe, *ours]), finalize_host, finalize_device
-
-
-def tir_pipeline() -> str:
-    """The name of the TIR pipeline for ``tvm.compile`` on CPU targets (registered on first use)."""
-    from tvm.tirx.compilation_pipeline import PIPELINE_MAP, register_tir_pipeline
-    if PIPELINE not in PIPELINE_MAP:
-        register_tir_pipeline(PIPELINE, _pipeline)
-    if ENABLED:
-        load_in_process()
-    return PIPELINE
 
 
 def object_file(cc: str | None, workspace: Path) -> Path:

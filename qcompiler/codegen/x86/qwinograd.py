@@ -41,8 +41,9 @@ import os
 import numpy as np
 from tvm import te, tirx
 
-from ..intrin_x86 import DotIsa, wide_intrin
-from .tensor import cast, compute, dtype_of
+from ..intrin import DotIsa
+from ..kernels.tensor import cast, compute, dtype_of
+from .intrin import wide_intrin
 
 I32, I16 = "int32", "int16"
 ENABLED = os.environ.get("QC_WINOGRAD", "1") != "0"    # QC_WINOGRAD=0: the direct kernel (A/B runs)
@@ -62,7 +63,7 @@ def transformed_weights(w: np.ndarray) -> np.ndarray:
 def applicable(isa: DotIsa | None, a, x, w: np.ndarray) -> bool:
     """A group-1, stride-1, undilated 3x3 conv of >= MIN_CHANNELS even input channels and
     output channels a multiple of 8, on ``vpmaddwd``, whose partial sums stay inside int32."""
-    from .conv import _attrs2d
+    from ..kernels.conv import _attrs2d
     if not ENABLED or isa is None or isa.kind != "pmaddwd" or a["group"] != 1:
         return False
     k, c, r, s = w.shape
@@ -108,7 +109,7 @@ def _sandwich(mat, tile):
 def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
     """The int32 accumulator ``acc(idx)`` (logical NCHW) of a conv :func:`applicable` allows,
     taken with zero point z_x (padding stores z_x, the caller folds ``- z_x Σ w``)."""
-    from .conv import _attrs2d, register_tile
+    from ..kernels.conv import _attrs2d, register_tile
     n, c, h, wd = x.shape
     k = w.shape[0]
     _, _, (pt, pl, _, _) = _attrs2d(a)

@@ -26,7 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import UserError
+from ...errors import UserError
+from ..cache import cache_dir
 
 STUB_SOURCE = Path(__file__).with_name("cuda_stub.c")
 # TVM's own nvcc call passes --use_fast_math; we take its parts but -prec-div=false (and its
@@ -36,14 +37,6 @@ STUB_SOURCE = Path(__file__).with_name("cuda_stub.c")
 # int8 result left the integer reference
 NVCC_FLAGS = ("-O3", "--ftz=true", "--prec-div=true", "--prec-sqrt=false", "--fmad=true", "--expt-relaxed-constexpr",
               "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__")
-
-
-def cache_dir() -> Path:
-    """``$QCOMPILER_CACHE_DIR``, else ``$XDG_CACHE_HOME/qcompiler``, else ``~/.cache/qcompiler``."""
-    if os.environ.get("QCOMPILER_CACHE_DIR"):
-        return Path(os.environ["QCOMPILER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qcompiler"
 
 
 def stub_library() -> Path:

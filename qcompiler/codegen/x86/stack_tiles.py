@@ -4,7 +4,7 @@ TVM's ``LowerTVMBuiltin`` keeps a CPU allocation on the stack (an LLVM ``alloca`
 of its function, which LLVM then promotes to registers) only when it is ``global``, of constant
 size and *under 1 KB* (``runtime::kMaxStackAlloca``); any other becomes a
 ``TVMBackendAllocWorkspace`` / ``TVMBackendFreeWorkspace`` pair, and inside a parallel loop that
-pair runs on every iteration. The kernels' register-tile accumulators (:data:`.intrin_x86.ACC_SCOPE`)
+pair runs on every iteration. The kernels' register-tile accumulators (:data:`..intrin.ACC_SCOPE`)
 fit under 1 KB with AVX2's ymm tiles (at most 16 registers x 32 bytes), but AVX-512's are up to 28
 zmm registers x 64 bytes = 1,792 bytes: on an AVX-512 host every int8 and fp32 conv called the
 workspace allocator twice per iteration of its parallel loop (the cost ``ACC_SCOPE`` was chosen to
@@ -22,7 +22,7 @@ annotation, which ``LowerTVMBuiltin`` leaves as a plain stack allocation::
                                                      ...
 
 Larger buffers (packed activations, transformed tiles) keep the workspace. The pass runs in the
-CPU TIR pipeline (:func:`.work_claiming.tir_pipeline`) after TVM's lowering and before the host
+CPU TIR pipeline (:func:`.pipeline.tir_pipeline`) after TVM's lowering and before the host
 finalization; it changes where memory lives, not what is computed.
 """
 from __future__ import annotations

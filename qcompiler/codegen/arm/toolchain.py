@@ -10,8 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
-from .cuda_aot import cache_dir
+from ...errors import UserError
+from ..cache import cache_dir
 
 CROSS_CXX = "aarch64-linux-gnu-g++"
 SYSROOT = Path("/usr/aarch64-linux-gnu")

@@ -1,1 +1,0 @@
-"""Hand-written TIR schedules per target."""

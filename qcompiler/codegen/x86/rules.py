@@ -1,0 +1,36 @@
+"""The CPU schedule rules (x86, and arm, which shares them: :mod:`..arm.rules`), in order.
+
+* ``sparse``: a sparse kernel's sparse stage is scheduled by construction (its loops are written
+  by :mod:`..kernels.sparse`); its X stage and epilogue ("xcol", "out") get a parallel outer /
+  vectorized inner loop nest. Nothing is inlined: the extern stage declares no reads.
+* ``hand``: every other kernel gets the hand schedule its builder named
+  (:func:`.schedules.apply`; an unknown or failing one falls back to ``generic``).
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+
+from ..schedule import Kernel, Rule
+from ..target import TargetSpec
+from . import schedules
+
+
+def _sparse(k: Kernel, spec: TargetSpec):
+    if k.kind != "sparse":
+        return None
+    sch = s_tir.Schedule(k.func)
+    for name in ("xcol", "out"):
+        try:
+            blk = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
+            continue
+        schedules._spatial_nest(sch, blk, k.vw)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _hand(k: Kernel, spec: TargetSpec):
+    return schedules.apply(k.func, k.kind, k.params, k.vw, spec.host_tvm.get("mcpu"))
+
+
+SPARSE = Rule("sparse", _sparse)
+RULES = (SPARSE, Rule("hand", _hand))
