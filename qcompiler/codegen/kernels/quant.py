@@ -33,7 +33,7 @@ from tvm import te, tirx
 from ...errors import UserError
 from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType
-from ...quant.qparams import quantize as np_quantize
+from ...ir.types import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from . import elementwise as kelem
 from . import qdot, qwinograd
