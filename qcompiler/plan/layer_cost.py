@@ -56,6 +56,9 @@ from typing import Iterable
 import numpy as np
 
 from ..ir.graph import Graph, Op, Value
+from ..ir.types import QuantParams, TensorType
+from ..passes import PassContext, PassManager, quantize_plan
+from ..passes.quantize import QuantizeOptions
 
 CONV_KINDS = ("Conv", "FusedConv", "QLinearConv", "ConvTranspose")
 GEMM_KINDS = ("Gemm", "FusedGemm", "QLinearGemm", "MatMul")
@@ -142,9 +145,7 @@ class LayerCosts:
         """The quantize pass's plan for ``keep_float ∪ float_set`` (cached)."""
         key = frozenset(float_set)
         if key not in self._plans:
-            from ..passes.quantize import QuantizeOptions
-            from ..passes.quantize_plan import plan
-            self._plans[key] = plan(self.graph, QuantizeOptions(keep_float=self.keep_float | key))
+            self._plans[key] = quantize_plan.plan(self.graph, QuantizeOptions(keep_float=self.keep_float | key))
         return self._plans[key]
 
     def precisions(self, float_set: Iterable[str] = frozenset()) -> dict[str, str]:
@@ -212,18 +213,14 @@ class LayerCosts:
 def prepared_float_graph(graph: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
     """A clone of ``graph`` (after the default passes, not quantized) after the quantize pass's
     prepare step: the graph whose op names the selection and the quantized layers use."""
-    from ..passes.quantize import QuantizeOptions
-    from ..passes.quantize_plan import prepare
     g = graph.clone()
-    prepare(g, QuantizeOptions(keep_float=frozenset(keep_float)))
+    quantize_plan.prepare(g, QuantizeOptions(keep_float=frozenset(keep_float)))
     return g
 
 
 def quantize_for_timing(prepared: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
     """An all-int8 clone of ``prepared`` for timing only: ranges from two random samples (kernel
     times do not depend on the scales), no bias correction."""
-    from ..passes import PassContext, PassManager
-    from ..passes.quantize import QuantizeOptions
     g = prepared.clone()
     opts = QuantizeOptions(keep_float=frozenset(keep_float), random_samples=2, bias_correction=False)
     with warnings.catch_warnings():
@@ -398,7 +395,6 @@ CONVERSION_SIZES = (4096, 262144)
 def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0, remote=None) -> tuple[float, float]:
     """(a, b) of a + b·n ms for one Q or DQ conversion of n elements: standalone QuantizeLinear and
     DequantizeLinear kernels of the real code generator timed at two sizes, averaged."""
-    from ..ir.types import QuantParams, TensorType
     pts = []
     for n in CONVERSION_SIZES:
         g = Graph("conversion")

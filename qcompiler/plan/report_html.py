@@ -53,6 +53,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .dfq import to_svg
+from .mixed import criterion_text
+from .report import OUTLIER_LEVELS, passes_changed
 from .report_plots import (SQNR_WARN_DB, esc, fmt_bytes, fmt_num, fmt_shape, histograms_svg, html_table, ranges_svg,
                            sensitivity_svg, size_svg, sqnr_svg, tradeoff_svg)
 from .sparse_report import worth_showing
@@ -105,7 +108,6 @@ def float_layers(graph) -> list[dict]:
 
 def warnings_of(report: dict) -> list[str]:
     """The warnings the data supports, most important first."""
-    from .report import passes_changed
     out = []
     ev = report.get("evaluation", {})
     for r in report.get("layers", []):
@@ -136,7 +138,6 @@ def warnings_of(report: dict) -> list[str]:
             out.append("calibrated and evaluated on random data: the numbers say little about real inputs")
         if not ev.get("samples"):
             out.append(f"no evaluation ({ev.get('note', 'no data')}): no SQNR figures")
-        from .report import OUTLIER_LEVELS
         for r in report.get("layers", []):
             n = r.get("levels_99_99")
             if n is not None and 0 < n < OUTLIER_LEVELS and str(r.get("range_source", "")).startswith("calibrated"):
@@ -174,7 +175,6 @@ def _mixed_sections(report: dict) -> list[str]:
             u = sel.get("unit", "dB")
             b = (f"accuracy drop at most {sel['budget_points']:g} points" if "budget_points" in sel
                  else f"output SQNR at least {sel['budget']:g} dB")
-            from .mixed import criterion_text
             held = sel.get("evaluation") or {}
             hb = ("" if "met" not in held else
                   f' On the {held.get("samples")} evaluation samples ({"held back" if held.get("held_back") else "NOT held back"}): '
@@ -255,7 +255,6 @@ def _layer_table(report: dict) -> str:
 def render(report: dict, *, equalization: dict | None = None) -> str:
     """The report as one HTML page (UTF-8 text, no script, no external resource). ``equalization``:
     the equalize pass's report (:func:`qcompiler.plan.dfq.report`), plotted when given."""
-    from .report import passes_changed
     int8 = report.get("dtype") == "int8"
     s = report.get("summary", {})
     title = f"qcompiler build report: {report.get('model') or 'model'} ({report.get('dtype', '?')}, " \
@@ -359,7 +358,6 @@ def render(report: dict, *, equalization: dict | None = None) -> str:
     if hv:
         parts.append(hv)
     if equalization and equalization.get("layers"):
-        from .dfq import to_svg
         svg = to_svg(equalization).decode()
         parts.append(svg.replace("<svg ", '<svg class="plot equalization" ', 1))
     parts += _mixed_sections(report)

@@ -44,9 +44,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph
+from ..ir.types import dequantize
 from ..passes import quantize_bias, quantize_plan, quantize_rewrite
 from ..progress import report
 from ..quant import reference
+from .report import EvalData, chunks
 
 Metric = Callable[[list[np.ndarray]], float]
 Sample = tuple[dict[str, np.ndarray], "np.ndarray | None"]      # (feed, labels or None)
@@ -91,7 +93,6 @@ def samples(data: Iterable, n: int = DEFAULT_SAMPLES) -> list[Sample]:
     :class:`~qcompiler.plan.report.EvalData`, or an iterable of feeds."""
     if n < 1:
         raise UserError(f"sensitivity needs at least 1 sample, got {n}", "--sensitivity-samples", "give e.g. 64")
-    from .report import EvalData, chunks
     if isinstance(data, EvalData):
         data = EvalData(data.dataset, data.skip, min(n, data.take), data.source, data.held_back, data.random)
         batch = data.dataset.batch
@@ -339,7 +340,6 @@ class Sensitivity:
         (SQNR of its quantized inputs minus that of its output, vs fp32; largest first): a cheap
         ranking of where the error enters, for :func:`~qcompiler.plan.select.select_float_layers`'s
         shortlist."""
-        from ..ir.types import dequantize
         g, _ = self.quantized(frozenset())
         stands = dict(self._stands_for)
         feed, _ = self.data[0]

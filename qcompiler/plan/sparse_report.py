@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..ir.graph import Graph
 from ..passes.prune import summarize
+from .report import evaluate, json_round
 
 
 def elf_sizes(path: str | Path) -> dict[str, int]:
@@ -72,7 +73,6 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
                      data=None) -> dict:
     """The report's ``sparsity`` dict for the final ``graph``: it reads (never makes) the decision the
     ``encode-sparse`` pass recorded in ``graph.meta["sparsity"]``, the one the lowering builds from."""
-    from .report import evaluate, json_round
     rec = graph.meta.get("sparsity") or {"layers": {}}
     encoded = [r["encoding"] for r in rec["layers"].values() if "encoding" in r]
     objective = encoded[0]["objective"] if encoded else "time"
