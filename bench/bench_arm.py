@@ -15,7 +15,7 @@ script reports what the compiler emitted and what the hardware would need for it
   kernel bodies (``kN_*_compute_``), and the instruction classes that do the arithmetic: ``sdot/udot``,
   NEON integer multiplies (``mul/mla/smull/smlal/umull/umlal``, vector operands), NEON float
   ``fmla/fmul``;
-* the analytic model of :mod:`qcompiler.quant.layer_cost` (``ANALYTIC["arm"]``: the per-layer
+* the analytic model of :mod:`qcompiler.plan.layer_cost` (``ANALYTIC["arm"]``: the per-layer
   costs latency-aware selective unquantization uses for ARM) summed over the model, and a
   peak-issue bound per build: every conv/gemm multiply-accumulate at the core's peak for the
   instruction class its kernels use (Arm Cortex-A76 Software Optimization Guide: two 128-bit ASIMD
@@ -118,7 +118,7 @@ def instruction_counts(lib: Path) -> tuple[int, Counter]:
 def graph_macs(out: Path) -> tuple[int, int]:
     """(conv/gemm MACs, of which depthwise) of the quantized graph the int8 artifact was built from."""
     from qcompiler.ir.parser import parse_graph
-    from qcompiler.quant.layer_cost import macs
+    from qcompiler.plan.layer_cost import macs
     g = parse_graph((out / "model.qir").read_text())
     total = dw = 0
     for op in g.ops:
@@ -134,7 +134,7 @@ def analytic_ms(onnx_path, shapes, int8_out: Path | None) -> float:
     from (its quantized ops at the int8 rate), or the float graph after the default passes."""
     import qcompiler
     from qcompiler.ir.parser import parse_graph
-    from qcompiler.quant.layer_cost import ANALYTIC, analytic_times
+    from qcompiler.plan.layer_cost import ANALYTIC, analytic_times
     if int8_out is not None:
         g = parse_graph((int8_out / "model.qir").read_text())
     else:
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_arm_"))
     print(f"# aarch64 {args.cpu}: static instruction counts of the kernel bodies; peak-issue bound at "
-          f"{args.ghz} GHz; analytic = qcompiler.quant.layer_cost ANALYTIC['arm']")
+          f"{args.ghz} GHz; analytic = qcompiler.plan.layer_cost ANALYTIC['arm']")
     print("\n| model | build | kernels | instructions | sdot/udot | NEON int mul | NEON fmla/fmul | MMAC "
           "| peak-issue bound ms | analytic ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -5,7 +5,7 @@ int8 weights, uint8 activations, MinMax) on the same calibration data.
     .venv/bin/python bench/bench_dfq.py [--models fashion_mobilenet,rapidocr-cls] [--json OUT.json]
 
 Each row is a ``qcompile --dtype int8`` recipe (the same passes and quantize options the CLI flags
-select, via :func:`qcompiler.quant.dfq.dfq_recipe`), run by the reference interpreter (the integer
+select, via :func:`qcompiler.plan.dfq.dfq_recipe`), run by the reference interpreter (the integer
 oracle the compiled kernels match bit for bit); fp32 is the float graph after the default passes.
 
 * fashion_mobilenet (MobileNetV2-style, ReLU6): calibrate on the first 500 images of
@@ -38,7 +38,7 @@ import realmodels  # noqa: E402
 from qcompiler.passes import PassContext, PassManager, run_passes  # noqa: E402
 from qcompiler.passes.quantize import QuantizeOptions  # noqa: E402
 from qcompiler.quant import reference, sqnr_db  # noqa: E402
-from qcompiler.quant.dfq import dfq_recipe  # noqa: E402
+from qcompiler.plan.dfq import dfq_recipe  # noqa: E402
 
 # (label, per_channel, equalize, bias_correction): what the CLI flags select
 RECIPES = [

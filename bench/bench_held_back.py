@@ -34,8 +34,8 @@ import realmodels as rm  # noqa: E402
 from qcompiler.frontend import import_onnx  # noqa: E402
 from qcompiler.passes import PassManager  # noqa: E402
 from qcompiler.passes.quantize import QuantizeOptions  # noqa: E402
-from qcompiler.quant.select import Bootstrap, select_float_layers  # noqa: E402
-from qcompiler.quant.sensitivity import Sensitivity  # noqa: E402
+from qcompiler.plan.select import Bootstrap, select_float_layers  # noqa: E402
+from qcompiler.plan.sensitivity import Sensitivity  # noqa: E402
 
 
 def setup(name, C, N, M):

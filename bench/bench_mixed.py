@@ -46,9 +46,9 @@ from qcompiler.codegen.target import TargetSpec  # noqa: E402
 from qcompiler.frontend import import_onnx  # noqa: E402
 from qcompiler.passes import run_passes  # noqa: E402
 from qcompiler.passes.quantize import QuantizeOptions  # noqa: E402
-from qcompiler.quant.layer_cost import measure_layer_costs  # noqa: E402
-from qcompiler.quant.select import select_float_layers  # noqa: E402
-from qcompiler.quant.sensitivity import Sensitivity  # noqa: E402
+from qcompiler.plan.layer_cost import measure_layer_costs  # noqa: E402
+from qcompiler.plan.select import select_float_layers  # noqa: E402
+from qcompiler.plan.sensitivity import Sensitivity  # noqa: E402
 from qcompiler.runtime import load  # noqa: E402
 
 
@@ -118,7 +118,7 @@ def run(name: str, args) -> list[dict]:
             key = "fp32" if S is None else S
             if key not in built:
                 if S is None:
-                    from qcompiler.quant.sensitivity import prepare
+                    from qcompiler.plan.sensitivity import prepare
                     gg, sp = prepare(g, opts), TargetSpec("x86", dtype="fp32")
                 else:
                     gg, sp = sens.quantized(S)[0], spec

@@ -22,7 +22,7 @@ of ``--iters`` calls each, so that load from other processes hits both alike. ra
 (< 1: int8 faster).
 
 Kernels (``--what kernels``): every kernel of both builds of a model timed alone (TVM
-``time_evaluator``, as :func:`qcompiler.quant.layer_cost.kernel_times`), the int8 kernel beside the
+``time_evaluator``, as :func:`qcompiler.plan.layer_cost.kernel_times`), the int8 kernel beside the
 fp32 kernel of the same anchor layer, whether each runs on the thread pool (``par``), the sums by
 category (depthwise conv, 1x1 conv, other conv, squeeze-excite multiply, pools, gemm, conversions,
 other), and the whole model called through the VM (interleaved medians), whose excess over the
@@ -220,7 +220,7 @@ def bench_models(spec, rounds, iters, filt):
 def _category(members) -> str:
     """The kernel's class by its anchor op: dw (depthwise conv), 1x1 / conv, mul (QLinearMul / Mul:
     the squeeze-excite gate), pool, gemm, q/dq (a Quantize/DequantizeLinear-only kernel) or other."""
-    from qcompiler.quant.layer_cost import CONV_KINDS, GEMM_KINDS, POOL_KINDS
+    from qcompiler.plan.layer_cost import CONV_KINDS, GEMM_KINDS, POOL_KINDS
     for op in members:
         if op.kind in CONV_KINDS:
             w = op.operands[1].shape
@@ -240,7 +240,7 @@ def _category(members) -> str:
 
 
 def _anchor_name(members) -> str:
-    from qcompiler.quant.layer_cost import macs
+    from qcompiler.plan.layer_cost import macs
     main = next((op for op in members if macs(op)), None) or next(
         (op for op in members if op.kind not in ("QuantizeLinear", "DequantizeLinear", "Requantize")), members[-1])
     return main.name
@@ -248,7 +248,7 @@ def _anchor_name(members) -> str:
 
 def _shape_note(members) -> str:
     """' C->K RxS sS HxW' of the kernel's conv, or its output shape."""
-    from qcompiler.quant.layer_cost import CONV_KINDS
+    from qcompiler.plan.layer_cost import CONV_KINDS
     conv = next((op for op in members if op.kind in CONV_KINDS), None)
     if conv is None:
         return " " + "x".join(map(str, members[-1].results[0].shape))
@@ -260,7 +260,7 @@ def _shape_note(members) -> str:
 
 def profile_kernels(graph, spec, repeats: int):
     """[(anchor name, category, label, parallel, ms, MACs)] for every kernel call of ``graph``."""
-    from qcompiler.quant.layer_cost import macs, time_each_kernel
+    from qcompiler.plan.layer_cost import macs, time_each_kernel
     out = []
     for members, name, func, ms in time_each_kernel(graph, spec, repeats):
         par = "T.parallel" in func.script()

@@ -30,13 +30,13 @@ import zoo  # noqa: E402
 
 
 def ours(m, dtype: str) -> list[tuple[str, float]]:
-    """Every kernel of our fp32 build timed alone (qcompiler.quant.layer_cost.time_each_kernel:
+    """Every kernel of our fp32 build timed alone (qcompiler.plan.layer_cost.time_each_kernel:
     TVM's time_evaluator on the kernel's constants and random activations), with the IR ops
     fused into it."""
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.frontend.onnx_import import import_onnx
     from qcompiler.passes import run_passes
-    from qcompiler.quant.layer_cost import time_each_kernel
+    from qcompiler.plan.layer_cost import time_each_kernel
     if dtype != "fp32":
         raise SystemExit("zoo_profile: --dtype int8 is not wired yet (the quantize pass needs calibration here)")
     g = import_onnx(str(m.path()), m.input_shapes, input_values=m.input_values or None)

@@ -4,8 +4,7 @@ ONNX -> importer -> typed dataflow IR (``qcompiler.ir``) -> passes (``qcompiler.
 TVM codegen (``qcompiler.codegen``) -> an artifact that runs with the TVM runtime alone
 (``qcompiler.runtime``). See :mod:`qcompiler.api` for the Python API.
 """
-__version__ = "0.1.0"
-
+from .version import __version__
 from .api import compile, export_onnx, import_onnx, load, run_passes, save_onnx  # noqa: E402
 from .errors import UserError  # noqa: E402
 from .passes.manager import register_pass  # noqa: E402

@@ -358,7 +358,7 @@ def _batch(inputs) -> int:
 
 def run_pipeline(graph, args, log, evaluation=None):
     from .passes import PassContext, PassManager, parse_pipeline
-    from .quant.dfq import dfq_recipe, equalize_default
+    from .plan.dfq import dfq_recipe, equalize_default
     pipeline = parse_pipeline(args.passes)
     prune_opts = prune_options(args)
     if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
@@ -375,7 +375,7 @@ def run_pipeline(graph, args, log, evaluation=None):
     from .passes.encode_sparse import EncodeSparseOptions
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=getattr(args, "sparse_objective", "time"),
                                                        target=getattr(args, "target", "x86"))
-    from .quant import mixed
+    from .plan import mixed
     req = mixed.Request(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                         args.sensitivity, args.sensitivity_samples, confidence=args.budget_confidence)
     if req.active and "quantize" not in pipeline:
@@ -391,7 +391,7 @@ def run_pipeline(graph, args, log, evaluation=None):
         pre.run(graph)
         costs = None
         if req.budget is not None and getattr(args, "layer_costs", "off") != "off":
-            from .quant import layer_cost
+            from .plan import layer_cost
             keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, _target_spec(args), keep,
                                                                     args.layer_costs, log,
@@ -480,7 +480,7 @@ def cmd_convert(args, log) -> int:
     g = load_model(args)
     pm = run_pipeline(g, args, log) if _runs_passes(args) else None
     if is_quantized(g):
-        from .quant.qdq_export import save_qdq
+        from .frontend.qdq_export import save_qdq
         save_qdq(g, args.output, uint8_weights=args.qdq_weights == "uint8")   # ONNX Runtime, TensorRT
     else:
         save_onnx(g, args.output)
@@ -556,7 +556,7 @@ def _cmd_compile(args, log) -> int:
     g = load_model(args)
     evaluation = None
     if spec.dtype == "int8":                   # held-back data for the build report; bad --eval fails early
-        from .quant import report
+        from .plan import report
         evaluation = report.eval_data(g.inputs, samples=args.eval_samples, calib=args.calib,
                                       calib_samples=args.calib_samples, eval_path=args.eval,
                                       preprocess=_preprocess(args), batch=_batch(g.inputs),
@@ -567,13 +567,13 @@ def _cmd_compile(args, log) -> int:
     given = g.clone() if evaluation is not None else None
     pm = run_pipeline(g, args, log, evaluation)
     if args.export_qdq:
-        from .quant.qdq_export import save_qdq
+        from .frontend.qdq_export import save_qdq
         save_qdq(g, args.export_qdq, uint8_weights=args.qdq_weights == "uint8")
         log(f"wrote {args.export_qdq} (QDQ ONNX of the quantized model)")
-    from . import report_html
-    from .quant import report
-    from .quant.dfq import artifact_files
-    from .quant.dfq import report as dfq_report
+    from .plan import report_html
+    from .plan import report
+    from .plan.dfq import artifact_files
+    from .plan.dfq import report as dfq_report
     data = report_html.compile_data(g, pm, model=os.path.basename(args.model), target=spec.family,
                                     dtype=spec.dtype, ops_before=ops_before, params_before=params_before,
                                     timings=args.time_passes)     # seconds only on request: not reproducible
@@ -587,7 +587,7 @@ def _cmd_compile(args, log) -> int:
             calibration={"source": args.calib, "samples": calib.num_samples if calib is not None
                          else min(args.calib_samples, 64), "method": args.calib_method})
         rep.update(data)
-        from .quant import mixed
+        from .plan import mixed
         rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
         if pm.ctx.data.get("layer_costs") is not None:            # per-layer ms, boundaries, slower-than-float
             chosen = (pm.ctx.data.get("mixed") or {}).get("selection", {}).get("float_layers", [])
@@ -606,7 +606,7 @@ def _cmd_compile(args, log) -> int:
             done["report"] = {**r, "warnings": report_html.warnings_of(r)}
         return done["report"]
     if "sparsity" in g.meta:                     # the encode-sparse pass ran (int8, or pruned fp32)
-        from .sparse import report as sparse_report
+        from .plan import sparse_report
         rep["sparsity"] = sparse_report.sparsity_section(
             g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
             pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
@@ -623,9 +623,9 @@ def _cmd_compile(args, log) -> int:
                          indent=2, sort_keys=True))
     elif quantized and not args.quiet:
         print(report.format_table(done["report"]), end="")
-        from .quant import mixed
+        from .plan import mixed
         print(mixed.format_text(done["report"]), end="")
-        from .quant.layer_cost import format_text as latency_text
+        from .plan.layer_cost import format_text as latency_text
         print(latency_text(done["report"].get("latency")), end="")
         sec = done["report"].get("sparsity")
         if sec and sparse_report.worth_showing(sec["layers"]):                        # else: nothing to say

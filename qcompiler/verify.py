@@ -21,7 +21,7 @@ Two numbers per layer, because 1-LSB differences propagate: *alone* is the kerne
 only, and is what the acceptance bounds; *chained* is the value after the whole network from the
 same model input (``debug``), informational: a depthwise conv can turn one upstream LSB into several.
 
-ORT side: the QDQ ONNX exported from ``model.qir`` (:func:`qcompiler.quant.qdq_export.export_qdq`;
+ORT side: the QDQ ONNX exported from ``model.qir`` (:func:`qcompiler.frontend.qdq_export.export_qdq`;
 ``--qdq`` gives another file, e.g. the one ``--export-qdq`` wrote), each compared value made a
 graph output, on the CPU execution provider with ORT's default graph optimization level
 (ORT_ENABLE_ALL: ORT fuses DQ -> op -> Q into its own integer kernels with a float requantization
@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .runtime.batches import _plan, load_inputs, name_inputs
+from .runtime.batches import batch_plan, load_inputs, name_inputs
 from .runtime.manifest import TensorSpec, read_manifest, sha256_file
 
 MAX_LAYER_LSB = 1
@@ -201,7 +201,7 @@ def sample_runs(data, inputs: list[TensorSpec], samples: int | None) -> list[dic
     else:
         where = "--data"
         arrays = name_inputs({"": data} if isinstance(data, np.ndarray) else data, inputs, where)
-    plans = {s.name: _plan(s, arrays[s.name], where) for s in inputs}
+    plans = {s.name: batch_plan(s, arrays[s.name], where) for s in inputs}
     counts = {n for _, n in plans.values()}
     if len(counts) != 1:
         raise UserError("inputs hold different numbers of samples", where, "give every input the same number")
@@ -334,7 +334,7 @@ def qdq_model(graph, qdq: str | Path | None, names: list[str]):
     outputs where it has them; returns (model, the names it has)."""
     import onnx
     if qdq is None:
-        from .quant.qdq_export import export_qdq
+        from .frontend.qdq_export import export_qdq
         model = export_qdq(graph, uint8_weights=True)      # ORT's exact U8U8 kernels on every CPU
     else:
         try:

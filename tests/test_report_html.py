@@ -1,4 +1,4 @@
-"""OUT/report.html (qcompiler.report_html) and report.json for every compile.
+"""OUT/report.html (qcompiler.plan.report_html) and report.json for every compile.
 
 Builds through the CLI: fashion_mobilenet int8 (--calib models/fashion_test.npz, 64 calibration and
 32 held-back evaluation samples, --equalize so the equalization plot is present) and fp32; a tiny
@@ -25,7 +25,8 @@ import pytest
 from conftest import timing_keys
 
 from qcompiler.cli import main
-from qcompiler.report_html import SENSITIVITY_ROWS, SQNR_WARN_DB, WORST_LAYERS, render
+from qcompiler.plan.report_html import render
+from qcompiler.plan.report_plots import SENSITIVITY_ROWS, SQNR_WARN_DB, WORST_LAYERS
 
 sys.path.insert(0, str(Path(__file__).parent))
 import realmodels  # noqa: E402
@@ -306,7 +307,8 @@ def test_tradeoff_latency_columns_and_slow_int8_warnings_from_a_budget_report():
     """A report with a latency-aware selection (the fields qcompile writes with --min-sqnr): the
     trade-off plot has one point per search step, the chosen set and all float; the layer table
     gets the int8/float µs column; an int8 layer slower than float is a warning, a float one not."""
-    from qcompiler import report_html as H
+    from qcompiler.plan import report_html as H
+    from qcompiler.plan.report_plots import tradeoff_points
     layers = [{"name": n, "kind": "QLinearConv", "shape": [1, 8, 4, 4], "precision": pr, "sqnr_db": 30.0}
               for n, pr in (("a", "int8"), ("b", "float"), ("c", "int8"))]
     rep = {"dtype": "int8", "layers": layers,
@@ -318,7 +320,7 @@ def test_tradeoff_latency_columns_and_slow_int8_warnings_from_a_budget_report():
                                   {"layer": "b", "int8_ms": 0.020, "float_ms": 0.010, "precision": "float"},
                                   {"layer": "c", "int8_ms": 0.003, "float_ms": 0.009, "precision": "int8"}],
                        "slower_than_float": ["a", "b"]}}
-    xlab, ylab, pts, budget = H.tradeoff_points(rep)
+    xlab, ylab, pts, budget = tradeoff_points(rep)
     assert "latency" in xlab and budget == 36.0
     assert pts[0] == (0.30, 33.0, "all int8") and pts[1] == (0.26, 36.5, "chosen: 1 float")
     assert pts[2][0] == 0.20 and pts[2][1] == float("inf")

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence, Union
 from ..errors import UserError
 from ..progress import report
 from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
+from ..version import __version__
 from .target import Family, TargetSpec
 
 
@@ -230,12 +231,11 @@ def io_specs(values) -> list[dict[str, Any]]:
 def make_manifest(graph, spec: TargetSpec, lib: Path, cuda_info: dict | None,
                   command: Sequence[str] | None) -> dict[str, Any]:
     import tvm
-    import qcompiler
     tvm_target = spec.tvm
     host = tvm_target.get("host", tvm_target)
     m: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
-        "qcompiler_version": qcompiler.__version__,
+        "qcompiler_version": __version__,
         "tvm_version": tvm.__version__,
         "target": {
             "family": spec.family.value,

@@ -185,7 +185,7 @@ class Stored:
 class KernelCtx:
     """What a kernel builder may ask for while building one group's PrimFunc."""
 
-    def __init__(self, lowering: "_Lowering", op: Op | None = None):
+    def __init__(self, lowering: "Lowering", op: Op | None = None):
         self.low = lowering
         self.spec: TargetSpec = lowering.spec
         self.vw = lowering.vw
@@ -234,7 +234,7 @@ class KernelCtx:
         return Buf(ph, v.shape, v.dtype, s.block)
 
 
-class _Lowering:
+class Lowering:
     def __init__(self, graph: Graph, spec: TargetSpec, gpu_schedules: bool = True):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
@@ -537,7 +537,7 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
     ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module then also compiles for
     a CPU (tests check the CUDA computes there; the schedules only reorder, tile, bind and tensorize)."""
     graph = _dequantized_weights(graph)
-    low = _Lowering(graph, spec, gpu_schedules)
+    low = Lowering(graph, spec, gpu_schedules)
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)

@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import UserError
 from .onnx_load import live_nodes, node_inputs, toposort
-from .onnx_ops import converter
+from .onnx_registry import converter
 
 
 # ---- If -----------------------------------------------------------------------------------------

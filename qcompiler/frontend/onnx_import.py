@@ -6,7 +6,7 @@ Steps: load and validate the file (:mod:`.onnx_load`); drop nodes no output depe
 input shape (a dynamic batch defaults to 1 with a warning, other dynamic dims need
 ``input_shapes``); run ONNX's strict shape inference; walk the nodes in topological order, folding
 every node whose inputs are constant (:mod:`.onnx_fold`: Constant, the Shape sub-graphs exporters
-emit, ConstantOfShape weights, ...) and converting the rest with the table in :mod:`.onnx_ops`.
+emit, ConstantOfShape weights, ...) and converting the rest with the table in :mod:`.onnx_registry`.
 Result types come from the IR's own type inference and are cross-checked against ONNX's: a
 disagreement is an importer bug and raises :class:`ImportMismatch`. Value names are the ONNX
 tensor names and op names the ONNX node names (a node without a name takes its first output's
@@ -37,9 +37,9 @@ def dtype_name(code: int) -> str:
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, live_nodes, load_model, node_inputs, node_label
+from . import onnx_control, onnx_ops, onnx_qdq, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
 from .onnx_control import bind_inputs
-from .onnx_ops import CONVERTERS
-from . import onnx_qdq  # noqa: F401  (registers the QuantizeLinear/DequantizeLinear/... converters)
+from .onnx_registry import CONVERTERS
 
 KEEP_QUANT = frozenset({"QuantizeLinear", "DequantizeLinear"})
 """Not folded at import even on constants: a QDQ model's int8 weights and int32 biases stay quantized

@@ -1,6 +1,6 @@
 """Converters for the operators of pre-quantized ONNX models (QDQ and dynamic-int8 exports).
 
-Registered in :data:`.onnx_ops.CONVERTERS` like every other converter (kept in this file so the
+Registered in :data:`.onnx_registry.CONVERTERS` like every other converter (kept in this file so the
 quantization support reads in one place):
 
 * ``QuantizeLinear`` / ``DequantizeLinear`` (opset 10-21) become the IR ops of the same name, with
@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import QuantParams
-from .onnx_ops import _opt, _window, converter
+from .onnx_ops import conv_window
+from .onnx_registry import converter, opt_input
 
 PREQUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
                           "MatMulInteger"})
@@ -69,7 +70,7 @@ def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
         raise b.fail(n, f"blocked quantization (block_size {a['block_size']}) is not supported",
                      "quantize per tensor or per axis")
     scale = b.need_const(n, 1, "the scale")
-    zp = b.need_const(n, 2, "the zero point") if _opt(n, 2) else None
+    zp = b.need_const(n, 2, "the zero point") if opt_input(n, 2) else None
     if scale.dtype != np.float32:
         raise b.fail(n, f"has a {scale.dtype} scale", "qcompiler imports float32 quantization scales")
     storage = _storage(b, n, a, zp, dq)
@@ -162,7 +163,7 @@ def _dynamic_quantize_linear(b, n, a):
 
 def _zero_point(b, n, i: int, like) -> object:
     """Input ``i`` (a zero point) as an IR value; an omitted one is a 0 of ``like``'s dtype."""
-    if _opt(n, i):
+    if opt_input(n, i):
         return b.val(n.input[i])
     return b.g.add_const(np.zeros((), like.dtype), f"{n.output[0]}/zero_point{i}")
 
@@ -184,7 +185,7 @@ def _conv_integer(b, n, a):
     kernel = list(w.shape[2:])
     if "kernel_shape" in a and list(a["kernel_shape"]) != kernel:
         raise b.fail(n, f"kernel_shape {a['kernel_shape']} does not match the weight's {kernel}", "fix the model")
-    s, d, p = _window(b, n, a, x, kernel)
+    s, d, p = conv_window(b, n, a, x, kernel)
     b.emit(n, "ConvInteger", ops, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_ops import _nonempty_const, _opt, converter
+from .onnx_registry import converter, nonempty_const, opt_input
 
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3}
@@ -97,14 +97,14 @@ class _Rnn:
         if self.w.shape != (nd, G * H, self.inp) or self.r.shape != (nd, G * H, H):
             raise b.fail(n, f"W {list(self.w.shape)} / R {list(self.r.shape)} do not fit {nd} direction(s), "
                          f"hidden_size {H} and input size {self.inp}", "fix the model")
-        bias = _nonempty_const(b, n, 3)
+        bias = nonempty_const(b, n, 3)
         self.bias = (np.zeros((nd, 2 * G * H), self.x.dtype) if bias is None else bias.astype(self.x.dtype))
         if self.bias.shape != (nd, 2 * G * H):
             raise b.fail(n, f"B has shape {list(self.bias.shape)}, expected {[nd, 2 * G * H]}", "fix the model")
-        if _opt(n, 4) and b.const(n.input[4]) is None:
+        if opt_input(n, 4) and b.const(n.input[4]) is None:
             raise b.fail(n, "sequence_lens is computed at run time",
                          "qcompiler unrolls full sequences only: drop sequence_lens or make it a constant")
-        lens = _nonempty_const(b, n, 4)
+        lens = nonempty_const(b, n, 4)
         if lens is not None and not (lens.reshape(-1) == self.seq).all():
             raise b.fail(n, f"sequence_lens {lens.reshape(-1).tolist()} differ from the sequence length {self.seq}",
                          "qcompiler unrolls full sequences only: pad the inputs to one length and drop sequence_lens")
@@ -124,7 +124,7 @@ class _Rnn:
 
     def initial(self, i: int, d: int):
         """Direction ``d`` of the optional initial state input ``i`` as ``[batch, H]``, or None."""
-        name = _opt(self.n, i)
+        name = opt_input(self.n, i)
         if name is None:
             return None
         c = self.b.const(name)
@@ -251,8 +251,8 @@ class _Gru(_Rnn):
 @converter("LSTM")
 def _lstm(b, n, a):
     rnn = _Lstm(b, n, a)
-    p = b.const(n.input[7]) if _opt(n, 7) else None
-    if _opt(n, 7) and (p is None or p.any()):
+    p = b.const(n.input[7]) if opt_input(n, 7) else None
+    if opt_input(n, 7) and (p is None or p.any()):
         raise b.fail(n, "peephole weights P are not supported", "export the LSTM without peepholes (or with P = 0)")
     rnn.run(rnn.cell, [5, 6])
 

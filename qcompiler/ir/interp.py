@@ -23,7 +23,8 @@ import numpy as np
 
 from .graph import Op
 from .ops import REGISTRY
-from .types import np_dtype
+from .types import dequantize, np_dtype, quantize
+from .windows import conv_sum
 
 Kernel = Callable[[list, dict], list]
 KERNELS: dict[str, Kernel] = {}
@@ -227,13 +228,11 @@ def _batchnorm(xs, a):
 # -- quantization (pre-quantized ONNX models; params in the types, see qcompiler.ir.ops) ------------
 @typed_kernel("QuantizeLinear")
 def _quantize_linear(op, xs, a):
-    from ..quant.qparams import quantize        # (qcompiler.quant imports the IR: imported late)
     return [quantize(xs[0], op.result.type.quant)]
 
 
 @typed_kernel("DequantizeLinear")
 def _dequantize_linear(op, xs, a):
-    from ..quant.qparams import dequantize
     return [dequantize(xs[0], op.operands[0].type.quant)]
 
 
@@ -249,11 +248,10 @@ def _int64(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
 
 @typed_kernel("ConvInteger")
 def _conv_integer(op, xs, a):
-    from ..quant.reference import conv_sum      # float64 sums of integers: exact below 2^53
     x, w, zx, zw = xs
     xs64 = x.astype(np.int64) - _int64(zx, 0, x.ndim)          # padding then contributes 0
     ws64 = w.astype(np.int64) - _int64(zw, 0, w.ndim)
-    y = conv_sum(xs64, ws64, a, tuple(op.result.type.shape[2:]))
+    y = conv_sum(xs64, ws64, a, tuple(op.result.type.shape[2:]))      # float64 sums of integers: exact below 2^53
     return [y.astype(np.int64).astype(np.int32)]
 
 

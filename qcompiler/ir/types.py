@@ -188,3 +188,38 @@ class TensorType:
     @staticmethod
     def of(a: np.ndarray) -> "TensorType":
         return TensorType(tuple(a.shape), dtype_of_array(a))
+
+
+# ---- the reference quantizer: ONNX QuantizeLinear / DequantizeLinear of a QuantParams ----------
+# q = saturate(round_half_to_even(x / scale) + zero_point), the division in float32 as ONNX Runtime
+# computes it (bit-exact with it); int32 (bias) in float64, as ONNX has no int32 QuantizeLinear.
+def _broadcast(values: np.ndarray, qp: QuantParams, ndim: int) -> np.ndarray:
+    if qp.axis is None:
+        return values.reshape(())
+    shape = [1] * ndim
+    shape[qp.axis % ndim] = values.size
+    return values.reshape(shape)
+
+
+def quantize(x: np.ndarray, qp: QuantParams) -> np.ndarray:
+    """ONNX QuantizeLinear: saturate(round_half_to_even(x / scale) + zero_point)."""
+    x = np.asarray(x)
+    if qp.per_channel and (msg := qp.check_shape(x.shape)):
+        raise ValueError(msg)
+    lo, hi = INT_RANGES[qp.storage]
+    ftype = np.float64 if qp.storage == "int32" else np.float32
+    scale = _broadcast(qp.scale_array().astype(ftype), qp, x.ndim)
+    zp = _broadcast(np.asarray(qp.zero_point, ftype), qp, x.ndim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.rint(x.astype(ftype) / scale) + zp
+    return np.clip(np.nan_to_num(y, nan=0.0), lo, hi).astype(np_dtype(qp.storage))
+
+
+def dequantize(q: np.ndarray, qp: QuantParams) -> np.ndarray:
+    """ONNX DequantizeLinear: (q - zero_point) * scale, in float32."""
+    q = np.asarray(q)
+    if qp.per_channel and (msg := qp.check_shape(q.shape)):
+        raise ValueError(msg)
+    scale = _broadcast(qp.scale_array(), qp, q.ndim)
+    zp = _broadcast(np.asarray(qp.zero_point, np.int64), qp, q.ndim)
+    return (q.astype(np.int64) - zp).astype(np.float32) * scale

@@ -71,7 +71,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph, Op
-from ._common import full_attrs, pass_options
+from ..ir.ops import full_attrs
+from ._common import pass_options
 from .equalize import CONVS, activation, bias_of, in_channel_index, pairs, set_weights, weight_oc
 from .manager import PassContext, register_pass
 

@@ -77,8 +77,9 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph, Op
+from ..ir.ops import full_attrs
 from ..quant import qparams as qpm
-from ._common import full_attrs, pass_options
+from ._common import pass_options
 from .equalize import (CONVS, activation, bias_of, in_channel_index, is_layer, scaled_hardswish, set_weights,
                        weight_oc)
 from .manager import PassContext, register_pass
@@ -215,7 +216,7 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
     """Per layer, its data input averaged over the calibration batches and samples (a (1, C, …)
     map: spatial positions kept, so the border taps that read zero padding are accounted for).
     ``outputs``: a list that receives, per batch, the graph outputs of the same run (the float
-    reference :func:`~qcompiler.passes.quantize._bias_correction_helps` compares with), so the
+    reference :func:`~qcompiler.passes.quantize_bias.bias_correction_helps` compares with), so the
     float graph is run once for both."""
     from ..quant import reference
     sums: dict[str, np.ndarray] = {}
@@ -232,10 +233,10 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
-def _empirical_error(op: Op, eps: np.ndarray, xbar: np.ndarray) -> np.ndarray:
+def empirical_error(op: Op, eps: np.ndarray, xbar: np.ndarray) -> np.ndarray:
     """Mean over output positions of ε ⊛ x̄ (exact for the mean output error of a linear layer)."""
     if op.kind in CONVS:
-        from ..quant.reference import conv_sum
+        from ..ir.windows import conv_sum
         y = conv_sum(xbar, eps, full_attrs(op.kind, **op.attrs), tuple(op.result.shape[2:]))
         return y.reshape(y.shape[1], -1).mean(axis=1)
     return eps @ xbar.reshape(-1)
@@ -263,7 +264,7 @@ def bias_correct(graph: Graph, ctx: PassContext) -> bool:
     for op in layers:
         eps = simulated_weight_error(op, per_channel)
         if opts.empirical:
-            err = _empirical_error(op, eps, means[op.name])
+            err = empirical_error(op, eps, means[op.name])
         else:
             ex = input_mean(graph, op)
             idx = in_channel_index(op, eps)

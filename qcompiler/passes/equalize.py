@@ -46,7 +46,7 @@ Side effects on ``graph.meta``: the BatchNorm statistics that fold-bn recorded f
 layer are rescaled (the pre-activation output is now N(β/s, (γ/s)²): ``gamma /= s``, ``beta /= s``)
 so that ``absorb-bias`` and ``bias-correct`` stay valid; ``graph.meta["equalize"]`` records, for
 the ``record`` most imbalanced first layers (largest max/min ratio of per-channel ranges), their
-per-output-channel weight ranges before and after (for the report plot of qcompiler/quant/dfq.py),
+per-output-channel weight ranges before and after (for the report plot of qcompiler/plan/dfq.py),
 the pairs, the HardSwish layers rescaled and the number of sweeps.
 
 Before::
@@ -76,7 +76,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir.graph import Graph, Op, Value
-from ._common import full_attrs, is_output, pass_options, single_use
+from ..ir.ops import full_attrs
+from ._common import is_output, pass_options, single_use
 from .manager import PassContext, register_pass
 
 CONVS = ("Conv", "FusedConv")

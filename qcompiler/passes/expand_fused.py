@@ -34,8 +34,8 @@ After::
 """
 from __future__ import annotations
 
+from ..ir.activations import make_activation
 from ..ir.graph import Graph, Op
-from ._common import make_activation
 from .manager import PassContext, register_pass
 
 BASE = {"FusedConv": "Conv", "FusedGemm": "Gemm"}

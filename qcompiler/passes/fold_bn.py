@@ -74,7 +74,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import Graph, Op as IROp, Value
-from ._common import both_orders, full_attrs, pass_options, single_use
+from ..ir.ops import full_attrs
+from ._common import both_orders, pass_options, single_use
 from .manager import PassContext, register_pass
 from .rewrite import Any, Const, Op, rewrite
 

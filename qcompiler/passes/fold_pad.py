@@ -72,8 +72,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import Graph, Op as IROp
-from ..ir.ops import infer_types
-from ._common import full_attrs, is_output, pass_options
+from ..ir.ops import full_attrs, infer_types
+from ._common import is_output, pass_options
 from .manager import PassContext, register_pass
 from .rewrite import Any, Op, match
 

@@ -50,10 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ir.activations import ACTIVATION_KINDS, activation_of
 from ..ir.graph import Graph, Op as IROp
-from ..ir.ops import broadcast_shapes
+from ..ir.ops import broadcast_shapes, full_attrs
 from ..ir.types import np_dtype
-from ._common import ACTIVATION_KINDS, activation_of, both_orders, full_attrs, pass_options
+from ._common import both_orders, pass_options
 from .manager import PassContext, register_pass
 from .rewrite import Any, Const, Op, rewrite
 

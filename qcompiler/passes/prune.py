@@ -39,7 +39,7 @@ Records ``graph.meta["sparsity"]``::
                           "nm_2_4": bool, "zero_blocks_1x4": frac, "pruned": bool, "skipped": reason?}}}
 
 With a target, the graph before pruning is kept in ``ctx.data["prune.dense_graph"]`` (the build
-report measures the pruning's own error against it: :mod:`qcompiler.sparse.report`).
+report measures the pruning's own error against it: :mod:`qcompiler.plan.sparse_report`).
 
 Before/after (``--sparsity 0.5``, unstructured)::
 

@@ -38,8 +38,8 @@ After::
 """
 from __future__ import annotations
 
+from ..ir.activations import activation_of
 from ..ir.graph import Graph
-from ._common import activation_of
 from .manager import PassContext, register_pass
 from .rewrite import Any, Op, rewrite
 

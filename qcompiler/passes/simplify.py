@@ -44,9 +44,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Value
-from ..ir.ops import broadcast_shapes
+from ..ir.ops import broadcast_shapes, full_attrs
+from ._common import can_forward
 from .manager import PassContext, register_pass
-from ._common import can_forward, full_attrs
 from .rewrite import Any, Const, Op, rewrite
 
 SHAPE_KINDS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")

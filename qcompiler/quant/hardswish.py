@@ -36,7 +36,9 @@ within that distance of a rounding boundary, at most 1 LSB from a float HardSwis
 
 The op keeps ``multiplier``/``shift`` = the fixed-point M_c like any QLinearConv (the layer's
 requantization, for reports and tools; the epilogue reads σ_c) and a ``hardswish`` attribute
-``[σ, g, [b]]``: σ and g lists of one entry or one per output channel, float32 values.
+``[σ, g, [b]]``: σ and g lists of one entry or one per output channel, float32 values (the
+attribute's form and the gate of ``activation_params``: :func:`qcompiler.ir.quant_ops.check_attr`,
+:func:`qcompiler.ir.quant_ops.gate`).
 """
 from __future__ import annotations
 
@@ -44,29 +46,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..ir.quant_ops import MAX_GATE_STEPS, gate
 from .requant import quantize_multiplier
-
-HSWISH_ALPHA = 1.0 / 6.0
-HSWISH_BETA = 0.5
-MAX_GATE_STEPS = 2 ** 15   # the gate's open region, in output steps, above which plan() refuses
-
-
-def gate(activation_params: Sequence[float], channels: int) -> tuple[np.ndarray, float]:
-    """``(a_c, b)`` of y = z clamp(a_c z + b, 0, 1) from a QLinear op's HardSwish params:
-    ``[]`` is HardSwish (a = 1/6, b = 1/2), ``[alpha, beta, S...]`` the scaled form with S of one
-    entry or one per channel."""
-    p = [float(v) for v in activation_params or []]
-    if not p:
-        return np.full(channels, HSWISH_ALPHA), HSWISH_BETA
-    if len(p) < 3:
-        raise ValueError(f"HardSwish params must be [] or [alpha, beta, S...], got {p}")
-    alpha, beta, S = p[0], p[1], np.asarray(p[2:], np.float64)
-    if S.size not in (1, channels):
-        raise ValueError(f"HardSwish scale S has {S.size} entries for {channels} channels")
-    a = np.broadcast_to(alpha * S.astype(np.float32).astype(np.float64), (channels,)).copy()
-    if not np.all(np.isfinite(a)) or np.any(a <= 0):
-        raise ValueError("HardSwish gate slopes alpha * S must be finite and > 0")
-    return a, beta
 
 
 def plan(M: Sequence[float], s_out: float, slopes: np.ndarray, beta: float
@@ -110,25 +91,6 @@ def _compact(v: list) -> list:
 def gate_constants(b: float) -> tuple[np.float32, np.float32, np.float32]:
     """``(nb, pb, bb)`` = f32(-b), f32(1 - b), f32(b) of the gate, the same constants in every backend."""
     return np.float32(-float(b)), np.float32(1.0 - float(b)), np.float32(b)
-
-
-def check_attr(hs, channels: int) -> str | None:
-    """Why a ``hardswish`` attribute is malformed (None: it is fine)."""
-    if not isinstance(hs, (list, tuple)) or len(hs) != 3 or not all(isinstance(v, (list, tuple)) for v in hs):
-        return "hardswish must be three lists [sigma, g, [b]]"
-    sig, g, b = hs
-    if len(sig) not in (1, channels) or len(g) not in (1, channels) or len(b) != 1:
-        return f"hardswish sigma and g must have 1 or {channels} entries, b one"
-    try:
-        sig, g, b = (np.asarray(v, np.float64) for v in hs)
-    except (TypeError, ValueError):
-        return "hardswish entries must be numbers"
-    if not (np.all(np.isfinite(sig)) and np.all(sig > 0) and np.all(np.isfinite(g)) and np.all(g > 0)
-            and np.all(np.isfinite(b))):
-        return "hardswish needs finite sigma > 0, g > 0 and b"
-    if np.any((np.abs(b) + np.abs(1 - b)) / g > MAX_GATE_STEPS):
-        return f"hardswish gate wider than {MAX_GATE_STEPS} output steps (g too small)"
-    return None
 
 
 def requantize(acc: np.ndarray, hs, zero_point: int, lo: int, hi: int) -> np.ndarray:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import INT_RANGES, QuantParams, np_dtype
+from ..ir.types import INT_RANGES, QuantParams, dequantize, quantize
 
 
 def qrange(storage: str, restricted: bool = False) -> tuple[int, int]:
@@ -43,7 +43,7 @@ def qrange(storage: str, restricted: bool = False) -> tuple[int, int]:
 MIN_SCALE = float(np.finfo(np.float32).tiny)      # the smallest normal float32
 
 
-def _f32_at_least(x: float) -> float:
+def f32_at_least(x: float) -> float:
     """The smallest float32 >= max(x, MIN_SCALE) (QuantParams stores scales as float32)."""
     x = max(float(x), MIN_SCALE)
     s = np.float32(x)
@@ -82,7 +82,7 @@ def _symmetric_scale(amax: np.ndarray, storage: str, restricted: bool) -> np.nda
     half = (qmax - qmin) / 2.0                     # 127 restricted, 127.5 full range
     amax = np.asarray(amax, np.float64)
     scale = np.where(amax > 0, amax / half, 1.0)   # an all-zero tensor/channel: any scale works
-    return np.array([_f32_at_least(s) for s in np.ravel(scale)])
+    return np.array([f32_at_least(s) for s in np.ravel(scale)])
 
 
 def symmetric(lo: float, hi: float, storage: str = "int8", restricted: bool = True) -> QuantParams:
@@ -124,39 +124,7 @@ def bias_params(input_qp: QuantParams, weight_qp: QuantParams) -> QuantParams:
     return QuantParams("int32", scales, (0,) * len(scales), axis=axis)
 
 
-# ---- reference quantizer ----------------------------------------------------------------------
-def _broadcast(values: np.ndarray, qp: QuantParams, ndim: int) -> np.ndarray:
-    if qp.axis is None:
-        return values.reshape(())
-    shape = [1] * ndim
-    shape[qp.axis % ndim] = values.size
-    return values.reshape(shape)
-
-
-def quantize(x: np.ndarray, qp: QuantParams) -> np.ndarray:
-    """ONNX QuantizeLinear: saturate(round_half_to_even(x / scale) + zero_point)."""
-    x = np.asarray(x)
-    if qp.per_channel and (msg := qp.check_shape(x.shape)):
-        raise ValueError(msg)
-    lo, hi = INT_RANGES[qp.storage]
-    ftype = np.float64 if qp.storage == "int32" else np.float32
-    scale = _broadcast(qp.scale_array().astype(ftype), qp, x.ndim)
-    zp = _broadcast(np.asarray(qp.zero_point, ftype), qp, x.ndim)
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = np.rint(x.astype(ftype) / scale) + zp
-    return np.clip(np.nan_to_num(y, nan=0.0), lo, hi).astype(np_dtype(qp.storage))
-
-
-def dequantize(q: np.ndarray, qp: QuantParams) -> np.ndarray:
-    """ONNX DequantizeLinear: (q - zero_point) * scale, in float32."""
-    q = np.asarray(q)
-    if qp.per_channel and (msg := qp.check_shape(q.shape)):
-        raise ValueError(msg)
-    scale = _broadcast(qp.scale_array(), qp, q.ndim)
-    zp = _broadcast(np.asarray(qp.zero_point, np.int64), qp, q.ndim)
-    return (q.astype(np.int64) - zp).astype(np.float32) * scale
-
-
+# ---- reference quantizer (quantize/dequantize: qcompiler.ir.types) -----------------------------
 def fake_quantize(x: np.ndarray, qp: QuantParams) -> np.ndarray:
     """dequantize(quantize(x)): x as the quantized model sees it."""
     return dequantize(quantize(x, qp), qp)

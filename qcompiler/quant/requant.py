@@ -32,8 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..ir.types import INT_RANGES, QuantParams
-from .qparams import quantize
+from ..ir.types import INT_RANGES, QuantParams, quantize
 
 MAX_SHIFT = 63
 

@@ -69,7 +69,7 @@ def name_inputs(arrays: Mapping[str, np.ndarray], inputs: list[TensorSpec], wher
     return dict(arrays)
 
 
-def _plan(spec: TensorSpec, a: np.ndarray, where: str) -> tuple[str, int]:
+def batch_plan(spec: TensorSpec, a: np.ndarray, where: str) -> tuple[str, int]:
     """('slice', runs) or ('sample', runs) for one input array."""
     shape, want = tuple(a.shape), spec.shape
     if len(shape) == len(want) and len(want) > 0 and shape[1:] == want[1:] and want[0] > 0 \
@@ -96,7 +96,7 @@ def run_batches(model: "CompiledModel", data: str | Path | np.ndarray | Mapping[
         arrays = name_inputs({"": data}, model.inputs, where)
     else:
         arrays = name_inputs(data, model.inputs, where)
-    plans = {s.name: _plan(s, arrays[s.name], where) for s in model.inputs}
+    plans = {s.name: batch_plan(s, arrays[s.name], where) for s in model.inputs}
     counts = {runs for _, runs in plans.values()}
     if len(counts) != 1:
         raise UserError("inputs hold different numbers of samples: " +

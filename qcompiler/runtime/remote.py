@@ -220,7 +220,7 @@ def time_remote(model: RemoteModel, inputs: Mapping[str, np.ndarray] | None = No
 
 def first_run(model: CompiledModel, outputs_of: str | Path | np.ndarray | Mapping[str, np.ndarray]):
     """The inputs of the first run that :func:`run_batches` makes of ``data`` (for timing)."""
-    from .batches import _plan, load_inputs, name_inputs
+    from .batches import batch_plan, load_inputs, name_inputs
     if isinstance(outputs_of, (str, Path)):
         arrays = load_inputs(outputs_of, model.inputs)
     elif isinstance(outputs_of, np.ndarray):
@@ -229,7 +229,7 @@ def first_run(model: CompiledModel, outputs_of: str | Path | np.ndarray | Mappin
         arrays = name_inputs(outputs_of, model.inputs, str(model.out_dir))
     feed = {}
     for s in model.inputs:
-        mode, _ = _plan(s, arrays[s.name], str(model.out_dir))
+        mode, _ = batch_plan(s, arrays[s.name], str(model.out_dir))
         a = arrays[s.name]
         feed[s.name] = np.ascontiguousarray(a[0] if mode == "sample" else a[:s.shape[0]])
     return feed

@@ -12,7 +12,7 @@ import pytest
 
 from qcompiler.codegen.arm import rules as arm_rules
 from qcompiler.codegen.cuda import rules as cuda_rules
-from qcompiler.codegen.lower import SCHEDULE_RULES, _Lowering
+from qcompiler.codegen.lower import SCHEDULE_RULES, Lowering
 from qcompiler.codegen.schedule import Kernel, Rule, apply_rules
 from qcompiler.codegen.target import Family, TargetSpec
 from qcompiler.codegen.x86 import rules as x86_rules
@@ -51,8 +51,8 @@ def test_rule_tables():
     assert names == {Family.X86: ["sparse", "hand"], Family.ARM: ["sparse", "hand"],
                      Family.CUDA: ["sparse", "wmma-int8", "direct"]}
     assert arm_rules.RULES is x86_rules.RULES
-    assert _Lowering(Graph("g"), TargetSpec("cuda"), gpu_schedules=False).rules == cuda_rules.BY_CONSTRUCTION
-    assert _Lowering(Graph("g"), TargetSpec("x86", cpu="znver3"), gpu_schedules=False).rules == x86_rules.RULES
+    assert Lowering(Graph("g"), TargetSpec("cuda"), gpu_schedules=False).rules == cuda_rules.BY_CONSTRUCTION
+    assert Lowering(Graph("g"), TargetSpec("x86", cpu="znver3"), gpu_schedules=False).rules == x86_rules.RULES
 
 
 def _imports(path: Path, module: str) -> set[str]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcompiler.codegen.x86.se_mul import split_multiplier
-from qcompiler.codegen.lower import _Lowering
+from qcompiler.codegen.lower import Lowering
 from qcompiler.ir import Graph, QuantParams, TensorType
 from qcompiler.quant.requant import quantize_multiplier, requantize
 
@@ -58,7 +58,7 @@ def _se_graph(storage, c, w, out_scale):
 
 
 def _uses_se_mul(g, spec) -> bool:
-    low = _Lowering(g, spec)
+    low = Lowering(g, spec)
     low.run()
     return any(kind == "se_mul" for _, kind in low.sources.values())
 

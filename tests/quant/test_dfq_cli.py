@@ -1,5 +1,5 @@
 """qcompile's data-free quantization flags: ``--equalize/--no-equalize`` and ``--bias-correction
-none|analytic|empirical`` (qcompiler/quant/dfq.py): the passes they insert, bad values as one line
+none|analytic|empirical`` (qcompiler/plan/dfq.py): the passes they insert, bad values as one line
 with exit code 2, and the equalization report (SVG + JSON) written into the artifact."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from qcompiler.cli import main
 from qcompiler.errors import UserError
-from qcompiler.quant import dfq
+from qcompiler.plan import dfq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dfq import imbalanced_block  # noqa: E402

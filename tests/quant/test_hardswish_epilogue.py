@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from qcompiler.ir.types import QuantParams
+from qcompiler.ir import quant_ops
 from qcompiler.quant import hardswish
 from qcompiler.quant.requant import rounding_right_shift
 
@@ -21,7 +22,7 @@ def test_epilogue_matches_float_hardswish(storage, s_y, z_y, gate):
     params = [] if gate == "standard" else [1 / 6, 0.5, *RNG.uniform(0.3, 3.0, channels)]
     qo = QuantParams(storage, (s_y,), (z_y,))
     at = hardswish.epilogue_attrs(s_x, s_w, qo, params, channels)
-    a, b = hardswish.gate(params, channels)
+    a, b = quant_ops.gate(params, channels)
     M = np.float32(s_x).astype(np.float64) * s_w.astype(np.float32).astype(np.float64)
     z_hi = 300 * s_y                                   # well past saturation
     acc = np.round(RNG.uniform(-z_hi, z_hi, (20000, channels)) / M).astype(np.int64)
@@ -46,7 +47,7 @@ from qcompiler.ir import parse_graph, print_graph  # noqa: E402
 from qcompiler.passes import PassContext, PassManager  # noqa: E402
 from qcompiler.passes.quantize import QuantizeOptions  # noqa: E402
 from qcompiler.quant import reference, sqnr_db  # noqa: E402
-from qcompiler.quant.qdq_export import export_qdq  # noqa: E402
+from qcompiler.frontend.qdq_export import export_qdq  # noqa: E402
 
 FUSED = """graph @g(%x: tensor<2x3x6x6xf32>) {
   %w = const dense<[%W%]> : tensor<4x3x3x3xf32>

@@ -9,7 +9,7 @@ from qcompiler.codegen.target import TargetSpec
 from qcompiler.ir import parse_graph
 from qcompiler.passes import PassContext, PassManager, run_passes
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.quant.layer_cost import LayerCosts, analytic_times, measure_layer_costs, ANALYTIC
+from qcompiler.plan.layer_cost import LayerCosts, analytic_times, measure_layer_costs, ANALYTIC
 
 T8 = "tensor<1x8x6x6xf32>"
 CHAIN = f"""graph @g(%x: tensor<1x4x6x6xf32>) {{
@@ -156,7 +156,7 @@ def test_kernel_time_is_conserved(fashion):
     """Splitting kernels over layers loses nothing: per build, the layers' shares plus the Q/DQ
     shares (priced separately by the conversion fit) add up to the sum of the kernel times, and
     every kernel holds at least one layer or conversion."""
-    from qcompiler.quant.layer_cost import CONVERSIONS, attribute, kernel_times, work
+    from qcompiler.plan.layer_cost import CONVERSIONS, attribute, kernel_times, work
     g, q, c = fashion
     names = {op.name for op in c.graph.ops}
     ks = kernel_times(q, TargetSpec("x86", dtype="int8"), repeats=1, min_repeat_ms=1)

@@ -1,4 +1,4 @@
-"""qcompiler.quant.mixed: --keep-float NAME|op:TYPE, --force-int8, the budget flags' checks, and
+"""qcompiler.plan.mixed: --keep-float NAME|op:TYPE, --force-int8, the budget flags' checks, and
 the reasons each float layer gets; bad values are one UserError line and exit code 2."""
 import contextlib
 import io
@@ -10,7 +10,7 @@ import pytest
 from qcompiler.cli import main
 from qcompiler.errors import UserError
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.quant import mixed
+from qcompiler.plan import mixed
 
 from mixed_models import conv_feeds, outlier_mlp, residual_convnet
 
@@ -80,7 +80,7 @@ def test_keep_float_by_name_builds_the_selections_graph():
     bit, which are the selection's own variant's (Sensitivity.quantized)."""
     from dataclasses import replace
     from qcompiler.quant import reference
-    from qcompiler.quant.sensitivity import Sensitivity
+    from qcompiler.plan.sensitivity import Sensitivity
     g0 = residual_convnet()
     opts = QuantizeOptions(calib=[{"x": conv_feeds(32, 1)}], per_channel=False, bias_correction=False)
     x = {"x": conv_feeds(16, 2)}

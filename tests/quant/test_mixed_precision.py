@@ -33,7 +33,7 @@ from qcompiler.codegen.target import TargetSpec
 from qcompiler.passes import PassContext, PassManager, run_passes
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference
-from qcompiler.quant.qdq_export import export_qdq
+from qcompiler.frontend.qdq_export import export_qdq
 from qcompiler.verify import verify
 
 ARM = TargetSpec("arm", dtype="int8", cpu="cortex-a76", features=("+dotprod", "+fullfp16"), debug_layers=True)

@@ -10,7 +10,7 @@ from qcompiler.ir import parse_graph
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference
-from qcompiler.quant.qdq_export import export_qdq, to_qdq_graph
+from qcompiler.frontend.qdq_export import export_qdq, to_qdq_graph
 
 from test_quantize import CONCAT, NET, RANGES
 
@@ -122,7 +122,7 @@ def test_pad_avgpool_clip_transpose_globalmaxpool(dtype):
 
 
 def test_save_qdq(net, tmp_path):
-    from qcompiler.quant.qdq_export import save_qdq
+    from qcompiler.frontend.qdq_export import save_qdq
     g, m = net
     save_qdq(g, tmp_path / "m.int8.onnx")
     assert onnx.load(tmp_path / "m.int8.onnx").graph.node[0].op_type == m.graph.node[0].op_type

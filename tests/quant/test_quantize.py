@@ -15,7 +15,7 @@ from qcompiler.ir import IRError, parse_graph, print_graph
 from qcompiler.passes import DEFAULT_PIPELINE, PassContext, PassManager, parse_pipeline
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference, sqnr_db
-from qcompiler.quant.qdq_export import export_qdq
+from qcompiler.frontend.qdq_export import export_qdq
 
 
 def quantize(text, **opts):
@@ -393,13 +393,13 @@ def test_verifier_checks_conv_operands():
 
 
 def test_bias_check_stops_once_the_sign_is_settled():
-    """_sign_settled: never before MIN_FEEDS feeds, always at the last; a consistent difference
+    """sign_settled: never before MIN_FEEDS feeds, always at the last; a consistent difference
     settles early, a noisy one around zero does not."""
-    from qcompiler.passes.quantize import MIN_FEEDS, _sign_settled
+    from qcompiler.passes.quantize_bias import MIN_FEEDS, sign_settled
     clear = [-1.0, -1.1, -0.9, -1.05, -0.95]
-    assert not _sign_settled(clear[:MIN_FEEDS - 1], 16)
-    assert _sign_settled(clear, 16)
+    assert not sign_settled(clear[:MIN_FEEDS - 1], 16)
+    assert sign_settled(clear, 16)
     noisy = [1.0, -1.2, 0.9, -0.8, 1.1, -1.0]
-    assert not _sign_settled(noisy, 16)
-    assert _sign_settled(noisy, len(noisy))
-    assert not _sign_settled([0.0] * 8, 16)                  # identical variants: compare them all
+    assert not sign_settled(noisy, 16)
+    assert sign_settled(noisy, len(noisy))
+    assert not sign_settled([0.0] * 8, 16)                  # identical variants: compare them all

@@ -31,7 +31,7 @@ from qcompiler.passes import PassContext, PassManager, run_passes
 from qcompiler.passes.expand_fused import expand_fused
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference, sqnr_db
-from qcompiler.quant.qdq_export import export_qdq
+from qcompiler.frontend.qdq_export import export_qdq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import realmodels  # noqa: E402
@@ -256,7 +256,7 @@ def test_int8_accuracy_sqnr_and_onnxruntime_agreement(case_name, tmp_path, capsy
         assert agree >= 90
     assert ours_db > 15
     # issue #5: our SQNR must not fall below onnxruntime's quantize_static. Where both build the same
-    # grids (uspsnet: the bias correction is dropped there, see quantize._bias_correction_helps) the
+    # grids (uspsnet: the bias correction is dropped there, see quantize_bias.bias_correction_helps) the
     # two differ only by requantization ties, fixed-point integer vs ORT's float: 36.4370 vs 36.4373 dB.
     assert ours_db >= ort_db - 0.01, "issue #5: our SQNR must not fall below onnxruntime's quantize_static"
 

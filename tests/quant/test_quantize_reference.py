@@ -122,7 +122,7 @@ def test_long_integer_conv_sums_are_exact_in_bounded_float32(group):
     """K = 9 * 256 taps of worst-case products exceed float32's 2^24: the window bound sends most
     positions to one float32 GEMM and the saturated ones (x - z = 255 on every tap) to float32
     slices added in float64; both must equal the int64 sum."""
-    from qcompiler.quant.reference import conv_sum
+    from qcompiler.ir.windows import conv_sum
     rng = np.random.default_rng(0)
     c, o = 256, 8
     x = rng.integers(0, 40, (2, c, 6, 6)).astype(np.float64)

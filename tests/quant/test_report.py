@@ -1,4 +1,4 @@
-"""The int8 build report (qcompiler.quant.report, OUT/report.json) and the artifact size claim.
+"""The int8 build report (qcompiler.plan.report, OUT/report.json) and the artifact size claim.
 
     fashion_mobilenet, --calib models/fashion_test.npz (256 samples) -> the report's numbers checked
         against an independent computation: onnxruntime on the original ONNX model for fp32, the
@@ -21,7 +21,7 @@ from qcompiler.cli import main
 from qcompiler.frontend import import_onnx
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.quant import report as R
+from qcompiler.plan import report as R
 from qcompiler.quant.data import open_dataset, random_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

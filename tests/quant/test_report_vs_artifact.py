@@ -7,7 +7,7 @@ before ``quantize``, and that pass changes the float model (fashion_mobilenet's 
 clamp: 33.7 dB against the model as given on the 64 images after the first 256). The report used to
 compare with the float graph after the passes: per-tensor 32.28 dB in the report, 30.25 dB for the
 artifact; per-channel ``--equalize`` 31.78 against 29.98. It now measures the outputs against the
-model as given (:mod:`qcompiler.quant.report`) and says what the float passes alone changed
+model as given (:mod:`qcompiler.plan.report`) and says what the float passes alone changed
 (``float_passes_sqnr_db``).
 
 Tolerance 0.01 dB: the int8 artifact equals the report's integer reference bit for bit (checked

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.quant.select import Bootstrap, brute_force, select_float_layers
-from qcompiler.quant.sensitivity import Sensitivity
+from qcompiler.plan.select import Bootstrap, brute_force, select_float_layers
+from qcompiler.plan.sensitivity import Sensitivity
 
 from mixed_models import feeds, outlier_mlp
 

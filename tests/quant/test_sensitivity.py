@@ -15,7 +15,7 @@ from qcompiler.codegen.arm import toolchain as arm
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
 from qcompiler.quant import reference
-from qcompiler.quant.sensitivity import Sensitivity, output_scores
+from qcompiler.plan.sensitivity import Sensitivity, output_scores
 from qcompiler.verify import verify
 
 from mixed_models import feeds, outlier_mlp

@@ -220,7 +220,7 @@ def test_layer_costs_through_rpc(tracker):
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.frontend import import_onnx
     from qcompiler.passes import PassManager
-    from qcompiler.quant.layer_cost import format_text, measure_layer_costs
+    from qcompiler.plan.layer_cost import format_text, measure_layer_costs
     from qcompiler.runtime import remote
     if not MNIST.exists():
         pytest.skip("models/mnistnet.onnx is not present")

@@ -6,9 +6,9 @@ import pytest
 
 from qcompiler.errors import UserError
 from qcompiler.ir import Graph, TensorType
+from qcompiler.ir.ops import full_attrs
 from qcompiler.quant.reference import run_values
 from qcompiler.passes import PassContext
-from qcompiler.passes._common import full_attrs
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.prune import PruneOptions, layers, nm_mask
 from qcompiler.sparse.format import conv_matrices, gemm_matrix, is_24

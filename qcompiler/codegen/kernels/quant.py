@@ -32,7 +32,7 @@ from tvm import te, tirx
 
 from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType
-from ...quant.qparams import quantize as np_quantize
+from ...ir.types import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from ..cuda import int8 as cuda_int8
 from ..x86 import qwinograd, se_mul

@@ -11,9 +11,9 @@ Runs between the float pipeline and the ``quantize`` pass (``qcompile --dtype in
 2. ``--force-int8 NAME`` overrides a keep-float *type* for that op; forcing an op the plan cannot
    make integer (Softmax, Sigmoid, Tanh, Erf/Gelu: no integer kernel, the default rule keeps them
    float) is a UserError;
-3. with ``--sensitivity`` the ranked table (:mod:`qcompiler.quant.sensitivity`), with
+3. with ``--sensitivity`` the ranked table (:mod:`qcompiler.plan.sensitivity`), with
    ``--min-sqnr DB`` / ``--max-accuracy-drop POINTS`` the budgeted selection
-   (:mod:`qcompiler.quant.select`) over the layers neither forced nor kept.
+   (:mod:`qcompiler.plan.select`) over the layers neither forced nor kept.
 
 The result is the QuantizeOptions the pass runs with (keep_float += the selection, the shared
 ``ranges`` of the one calibration, bias correction as the evaluation had it) and the JSON parts of
@@ -22,7 +22,7 @@ The SQNR budget is measured on the ``--sensitivity-samples`` samples of the cali
 follow the calibration samples and the report's evaluation samples (:func:`selection_data`; on the
 first calibration samples only when the source holds no more: optimistic, the ranges were fitted to
 them), and checked at the 95 % bootstrap lower bound over those samples, not at the point estimate
-(``--budget-confidence``; the math in :mod:`qcompiler.quant.select`). The build report then
+(``--budget-confidence``; the math in :mod:`qcompiler.plan.select`). The build report then
 evaluates the result on its held-back samples, which the selection did not see either. The accuracy
 budget needs labelled ``--eval`` data and is measured on it (bootstrap upper bound of the drop).
 """
@@ -34,6 +34,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..ir.graph import Graph
+from ..passes import quantize_plan
 
 DEFAULT_FLOAT = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Erf", "Gelu")   # no integer kernel: float by rule
 DEFAULT_FLOAT += ("PRelu", "Where", "Sign", "Mod", "GatherND", "ScatterND")      # the zoo ops (comparisons and
@@ -85,7 +86,8 @@ def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
     bare types become the type and its fused form (op:Conv: Conv and FusedConv, as the float
     pipeline fuses Conv+Relu), or, when a forced op has that type, the names of its other ops."""
     from ..ir.ops import REGISTRY
-    from ..passes.quantize import QuantizeOptions, split_names
+    from ..passes.quantize import QuantizeOptions
+    from ..passes.quantize_plan import split_names
     names = {op.name for op in graph.ops} | split_names(graph, QuantizeOptions())   # the parts it splits off
     kinds = {op.kind for op in graph.ops}
     out: set[str] = set()
@@ -112,10 +114,9 @@ def resolve_keep_float(graph: Graph, entries, force_int8=()) -> frozenset[str]:
 
 def check_forced(graph: Graph, opts, force_int8) -> None:
     """Every ``--force-int8`` name is an op the quantize plan makes integer."""
-    from ..passes import quantize as Q
     from .sensitivity import prepare
     g = prepare(graph, opts)
-    plan = Q._plan(g, opts)
+    plan = quantize_plan.plan(g, opts)
     ops = {op.name: op for op in g.ops}
     for name in force_int8:
         if name not in ops:
@@ -135,7 +136,6 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
     where to measure (a Dataset / EvalData); ``select_data`` (EvalData, :func:`selection_data`):
     where ``--min-sqnr`` and ``--sensitivity`` are measured instead of the first calibration samples."""
-    from ..passes import quantize as Q
     from .select import select_float_layers
     from .sensitivity import Sensitivity, samples
     req.check()
@@ -144,7 +144,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     for name in forced & keep:
         keep = keep - {name}
     opts = replace(opts, keep_float=keep)
-    Q._prepare(graph, opts)                      # split residual blocks now: the selection names those parts
+    quantize_plan.prepare(graph, opts)      # split residual blocks now: the selection names those parts
     check_forced(graph, opts, forced)
     parts: dict = {}
     if not (req.sensitivity or req.budget is not None):
@@ -160,7 +160,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     else:
         src = opts.calib
         if src is None:
-            from .data import random_dataset
+            from ..quant.data import random_dataset
             src = random_dataset(graph.inputs, min(req.samples, opts.random_samples))
         data, where = samples(src, req.samples), "calibration data"
     n = len(next(iter(data[0][0].values())))
@@ -221,11 +221,11 @@ def selection_data(inputs, evaluation, *, calib: str | None, samples: int,
                    preprocess=None, batch: int = 1):
     """Where ``--min-sqnr`` is measured: the ``samples`` samples of the calibration source after
     the calibration samples and the report's evaluation samples (an
-    :class:`~qcompiler.quant.report.EvalData`), so that neither the ranges nor the held-back check
+    :class:`~qcompiler.plan.report.EvalData`), so that neither the ranges nor the held-back check
     saw them; None (measure on the calibration samples, optimistic: the ranges were fitted to
     them) when the source is random, or an ``--eval`` file is given, or it holds no samples past those."""
     import warnings
-    from .data import open_dataset
+    from ..quant.data import open_dataset
     from .report import EvalData
     if calib in (None, "random") or evaluation is None or not evaluation.held_back \
             or evaluation.source != calib:
@@ -244,7 +244,7 @@ def _criterion(sens, accuracy: bool, confidence: float, n: int):
     """(point estimate, the score the budget is checked on, its description) as functions of the
     float set: the 1 - confidence bootstrap lower bound of the output SQNR (or minus the upper
     bound of the accuracy drop) over the selection samples, or the point estimate itself when
-    confidence is 0 or the outputs have no per-sample axis (see :mod:`qcompiler.quant.select`)."""
+    confidence is 0 or the outputs have no per-sample axis (see :mod:`qcompiler.plan.select`)."""
     from .select import RESAMPLES, Bootstrap
     ref = sens.fp32
 

@@ -46,12 +46,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..frontend.onnx_export import export_onnx, save_onnx, write_model
+from ..ir.activations import make_activation
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
-from ..ir.types import QuantParams, TensorType
-from ..passes._common import make_activation
-from .qparams import dequantize
+from ..ir.types import QuantParams, TensorType, dequantize
+from .onnx_export import export_onnx, save_onnx, write_model
 
 _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearAdd": "Add",
                "QLinearMul": "Mul",

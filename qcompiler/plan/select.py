@@ -49,7 +49,7 @@ If the budget is unreachable even with every candidate float, ``met`` is False a
 best score found is returned.
 
 **What the score is: a lower confidence bound, not the point estimate** (:class:`Bootstrap`, used by
-:mod:`qcompiler.quant.mixed`). The budget is about data the model will see, not about the n
+:mod:`qcompiler.plan.mixed`). The budget is about data the model will see, not about the n
 selection samples. The dataset SQNR is a ratio of sums over samples, with per-sample signal and
 noise energies s_i = Σ r², e_i = Σ (y - r)² (every output of sample i vs fp32)::
 

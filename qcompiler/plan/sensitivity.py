@@ -27,7 +27,7 @@ the range of any value some mixed plan needs is known: ``QuantizeOptions.ranges`
 of the Conv/Gemm inputs for the empirical bias correction (used where the all-int8 build keeps
 it), then per layer set only the cheap rewrite (plan, params, integer weights) and one reference
 run of the samples. The fp32 outputs are computed once. So the table costs about 2 n + 1 model
-runs for n layers, and the greedy selection (:mod:`qcompiler.quant.select`) re-uses the same
+runs for n layers, and the greedy selection (:mod:`qcompiler.plan.select`) re-uses the same
 :meth:`Sensitivity.scores` (memoized per float set).
 
     sens = Sensitivity(float_graph, QuantizeOptions(calib=ds), samples(ds, 64))
@@ -44,8 +44,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph
+from ..ir.types import dequantize
+from ..passes import quantize_bias, quantize_plan, quantize_rewrite
 from ..progress import report
-from . import reference
+from ..quant import reference
+from .report import EvalData, chunks
 
 Metric = Callable[[list[np.ndarray]], float]
 Sample = tuple[dict[str, np.ndarray], "np.ndarray | None"]      # (feed, labels or None)
@@ -87,10 +90,9 @@ def _round(x, nd: int = 4):
 def samples(data: Iterable, n: int = DEFAULT_SAMPLES) -> list[Sample]:
     """The first ``n`` samples of ``data`` as one (feed, labels) pair: ``data`` is a
     :class:`~qcompiler.quant.data.Dataset` (labels when it has them), a
-    :class:`~qcompiler.quant.report.EvalData`, or an iterable of feeds."""
+    :class:`~qcompiler.plan.report.EvalData`, or an iterable of feeds."""
     if n < 1:
         raise UserError(f"sensitivity needs at least 1 sample, got {n}", "--sensitivity-samples", "give e.g. 64")
-    from .report import EvalData, chunks
     if isinstance(data, EvalData):
         data = EvalData(data.dataset, data.skip, min(n, data.take), data.source, data.held_back, data.random)
         batch = data.dataset.batch
@@ -156,21 +158,20 @@ class Sensitivity:
 
     def __init__(self, graph: Graph, opts, data: list[Sample], *, metric: Metric | None = None,
                  ranges: dict | None = None, log: Callable[[str], None] | None = None):
-        from ..passes import quantize as Q
         self.opts, self.metric, self.log = opts, metric, log or (lambda m: None)
         self.graph = prepare(graph, opts)
         self.data = data
         self.ranges = dict(ranges) if ranges is not None else calibrate_all(self.graph, opts)
         self.ref = [reference.run(self.graph, feed) for feed, _ in data]
-        plan = Q._plan(self.graph, replace(opts, ranges=self.ranges))
+        plan = quantize_plan.plan(self.graph, replace(opts, ranges=self.ranges))
         self.means: dict = {}
         self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
         if opts.bias_correction and opts.calib is not None:
             float_outputs: list = []
-            means = Q._layer_input_means(self.graph, plan, opts, float_outputs)
+            means = quantize_bias.layer_input_means(self.graph, plan, opts, float_outputs)
             self.calib_run = {"calib": opts.calib, "means": means, "float_outputs": float_outputs}
             if means:
-                keep, *_ = Q._bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
+                keep, *_ = quantize_bias.bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
                                                     float_outputs)
                 self.means = means if keep else {}
         self.bias_correction = bool(self.means)
@@ -191,13 +192,12 @@ class Sensitivity:
     def quantized(self, float_set: frozenset) -> tuple[Graph, dict]:
         """The graph quantized with the layers in ``float_set`` (and the user's keep_float) kept
         float, with the shared ranges and bias-correction means: (graph, per-layer record)."""
-        from ..passes import quantize as Q
         g = self.graph.clone()
         o = replace(self.opts, keep_float=frozenset(self.opts.keep_float) | frozenset(float_set),
                     ranges=self.ranges)
-        plan = Q._plan(g, o)
-        P, _ = Q._params(g, plan, o, {})
-        rw = Q._Rewriter(g, plan, P, self.ranges, o, self.means)
+        plan = quantize_plan.plan(g, o)
+        P, _ = quantize_plan.activation_qparams(g, plan, o, {})
+        rw = quantize_rewrite.Rewriter(g, plan, P, self.ranges, o, self.means)
         rw.run()
         self._stands_for = {q.name: f for q, f in rw.stands_for.items()}
         return g, rw.layers
@@ -276,7 +276,7 @@ class Sensitivity:
 
     def per_sample(self, float_set: Iterable[str]) -> "PerSample | None":
         """Per-sample signal and noise energies (and top-1 correctness with labels) of the build with
-        ``float_set`` float: what :mod:`qcompiler.quant.select`'s bootstrap bound resamples. None
+        ``float_set`` float: what :mod:`qcompiler.plan.select`'s bootstrap bound resamples. None
         when an output has no leading sample axis (its rows cannot be told apart)."""
         key = frozenset(float_set)
         self.scores(key)
@@ -315,7 +315,6 @@ class Sensitivity:
         """Per candidate layer: it with the candidate layers that read its output (through ops that
         only carry their input's quantization, e.g. Flatten, MaxPool): keeping all of them float
         removes that activation's quantization point, which keeping one of them cannot."""
-        from ..passes.quantize import KEEP_PARAMS
         by_name = {op.name: op for op in self.graph.ops}
         cands = set(self.candidates)
         out = []
@@ -330,7 +329,7 @@ class Sensitivity:
                     seen.add(user)
                     if user.name in cands:
                         group.add(user.name)
-                    elif user.kind in KEEP_PARAMS and user.results:
+                    elif user.kind in quantize_plan.KEEP_PARAMS and user.results:
                         todo.append(user.result)
             if len(group) > 1:
                 out.append(frozenset(group))
@@ -339,9 +338,8 @@ class Sensitivity:
     def prior(self) -> list[str]:
         """The candidates ordered by the SQNR each loses across itself in ONE all-int8 run
         (SQNR of its quantized inputs minus that of its output, vs fp32; largest first): a cheap
-        ranking of where the error enters, for :func:`~qcompiler.quant.select.select_float_layers`'s
+        ranking of where the error enters, for :func:`~qcompiler.plan.select.select_float_layers`'s
         shortlist."""
-        from .qparams import dequantize
         g, _ = self.quantized(frozenset())
         stands = dict(self._stands_for)
         feed, _ = self.data[0]
@@ -438,9 +436,8 @@ def prepare(graph: Graph, opts) -> Graph:
     """A clone of ``graph`` with the quantize pass's step 1 applied (FusedConv/FusedGemm residual
     adds and non-foldable activations split off), so every layer a plan may keep float has its
     own name. Idempotent: the pass itself then finds nothing to split."""
-    from ..passes import quantize as Q
     g = graph.clone()
-    Q._prepare(g, opts)
+    quantize_plan.prepare(g, opts)
     return g
 
 
@@ -454,8 +451,7 @@ def activation_values(graph: Graph) -> list[str]:
 def calibrate_all(graph: Graph, opts) -> dict[str, tuple[float, float]]:
     """The ranges of every float activation by the build's method, in ONE pass over the
     calibration data: any mixed plan's params come from these (given ranges win)."""
-    from ..passes import quantize as Q
-    return Q._ranges(graph, activation_values(graph), opts, {})
+    return quantize_plan.value_ranges(graph, activation_values(graph), opts, {})
 
 
 def format_table(rows: list[dict], limit: int | None = 20) -> str:

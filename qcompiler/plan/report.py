@@ -61,9 +61,8 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph, Op
-from ..ir.types import INT_RANGES, np_dtype
-from . import reference
-from .qparams import dequantize
+from ..ir.types import INT_RANGES, dequantize, np_dtype
+from ..quant import reference
 
 REPORT = "report.json"
 FORMAT_VERSION = 1
@@ -125,7 +124,7 @@ def eval_data(inputs, *, samples: int, calib: str | None, calib_samples: int, ev
     ``samples``) or else the ``samples`` samples of the calibration source after those calibration
     used (``calib`` a path, or ``"random"``/None: the same seeded random stream, continued).
     ``samples == 0``: None (no evaluation)."""
-    from .data import open_dataset, random_dataset
+    from ..quant.data import open_dataset, random_dataset
     if samples < 0:
         raise UserError(f"--eval-samples must be 0 or more, got {samples}", "--eval-samples",
                         "give a number of samples, or 0 to skip the evaluation")
@@ -332,7 +331,7 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: 
                     labelled = False
         n += len(next(iter(feed.values())))
     for row, *_ in pairs:
-        row["sqnr_db"] = _round(energy.sqnr(row["value"]))
+        row["sqnr_db"] = json_round(energy.sqnr(row["value"]))
         if energy.noise.get(row["value"]) == 0.0:
             row["note"] = "exact (no error)"
         if row["value"] in hist:
@@ -343,15 +342,15 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: 
         row["histogram"] = [int(c) for c in hist[row["value"]]]
     result: dict[str, Any] = {"samples": n, "outputs": []}
     for i, v in enumerate(int8.outputs):
-        o = {"name": v.name, "sqnr_db": _round(energy.sqnr("output:" + v.name))}
+        o = {"name": v.name, "sqnr_db": json_round(energy.sqnr("output:" + v.name))}
         if given is not None:
-            o["float_passes_sqnr_db"] = _round(energy.sqnr("passes:" + v.name))
+            o["float_passes_sqnr_db"] = json_round(energy.sqnr("passes:" + v.name))
         if rows_seen[i]:
-            o.update(top1_agreement=_round(agree[i] / rows_seen[i]), top1_rows=int(rows_seen[i]),
+            o.update(top1_agreement=json_round(agree[i] / rows_seen[i]), top1_rows=int(rows_seen[i]),
                      top1_agree_rows=int(agree[i]))
         result["outputs"].append(o)
     if labelled and n:
-        result["accuracy"] = {k: _round(c / n) for k, c in correct.items()}
+        result["accuracy"] = {k: json_round(c / n) for k, c in correct.items()}
     return result
 
 
@@ -368,7 +367,7 @@ def with_library_size(report: dict, library_bytes: int) -> dict:
         return {**report, "size": size}
     size.update(library_fp32_bytes=int(library_bytes - p8 + p32),
                 library_fp32_estimated=True,
-                library_ratio=_round(library_bytes / max(library_bytes - p8 + p32, 1)))
+                library_ratio=json_round(library_bytes / max(library_bytes - p8 + p32, 1)))
     return {**report, "size": size}
 
 
@@ -404,15 +403,15 @@ def build_report(fp32: Graph | None, int8: Graph, data: EvalData | None, *, cali
     p8 = param_bytes(int8)
     p32 = param_bytes(fp32) if fp32 is not None else None
     rep["size"] = {"params_fp32_bytes": p32, "params_int8_bytes": p8,
-                   "params_ratio": _round(p8 / p32) if p32 else None}
+                   "params_ratio": json_round(p8 / p32) if p32 else None}
     for r in rows:                                     # rounded for a stable JSON text
         for k in ("scale",):
             if k in r:
                 r[k] = float(np.float32(r[k]))
         if "range" in r:
-            r["range"] = [_round(x, 6) for x in r["range"]]
+            r["range"] = [json_round(x, 6) for x in r["range"]]
         if "calibrated_range" in r:
-            r["calibrated_range"] = [_round(x, 6) for x in r["calibrated_range"]]
+            r["calibrated_range"] = [json_round(x, 6) for x in r["calibrated_range"]]
     return rep
 
 
@@ -422,7 +421,8 @@ def passes_changed(output: dict) -> bool:
     return db is not None and db < PASSES_CHANGED_DB
 
 
-def _round(x, nd: int = ROUND):
+def json_round(x, nd: int = ROUND):
+    """``x`` rounded to ``nd`` digits for the JSON report; None for None, inf and NaN."""
     if x is None:
         return None
     x = float(x)

@@ -10,7 +10,7 @@ a sparse kernel), the formats best for time and for size, the dense, stored and 
 
 Pruning's own effect (with ``--sparsity`` and evaluation data): the unpruned and the pruned fp32
 graph (``ctx.data["prune.dense_graph"]`` and the graph the quantize pass started from) run on the
-held-back data through :func:`qcompiler.quant.report.evaluate`: per layer the SQNR of its
+held-back data through :func:`qcompiler.plan.report.evaluate`: per layer the SQNR of its
 output (the error pruning accumulated up to it; after the residual add for a fused residual conv),
 output SQNR, top-1 agreement and, with labels, the top-1 accuracy of both
 (the int8 accuracy is in the report's ``evaluation``).
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..ir.graph import Graph
 from ..passes.prune import summarize
+from .report import evaluate, json_round
 
 
 def elf_sizes(path: str | Path) -> dict[str, int]:
@@ -72,7 +73,6 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
                      data=None) -> dict:
     """The report's ``sparsity`` dict for the final ``graph``: it reads (never makes) the decision the
     ``encode-sparse`` pass recorded in ``graph.meta["sparsity"]``, the one the lowering builds from."""
-    from ..quant.report import _round, evaluate
     rec = graph.meta.get("sparsity") or {"layers": {}}
     encoded = [r["encoding"] for r in rec["layers"].values() if "encoding" in r]
     objective = encoded[0]["objective"] if encoded else "time"
@@ -88,7 +88,7 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
                "format": e["format"], "format_time": e["format_time"], "format_size": best, "bits": e["bits"],
                "dense_bytes": dense_b, "encoded_bytes": e["size"][best], "stored_bytes": e["size"][e["format"]],
                "kernel_code_bytes": e.get("code", {}).get(e["format"], 0),
-               "time_ratio": _round(e["time"][e["format_time"]] / e["time"]["dense"])}
+               "time_ratio": json_round(e["time"][e["format_time"]] / e["time"]["dense"])}
         if "skipped" in r:
             row["skipped"] = r["skipped"]
         rows.append(row)
@@ -98,7 +98,7 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
     sec = {"target": rec.get("target"), "pattern": rec.get("pattern"), "global": rec.get("global", False),
            "objective": objective, "layers": rows, "weights_dense_bytes": dense_total,
            "weights_encoded_bytes": enc_total, "weights_stored_bytes": stored_total,
-           "weights_ratio": _round(enc_total / max(dense_total, 1)),
+           "weights_ratio": json_round(enc_total / max(dense_total, 1)),
            **{k: v for k, v in summarize(rec).items() if k in ("params", "zeros", "sparsity", "pruned_sparsity")}}
     if dense_fp32 is not None and pruned_fp32 is not None and data is not None and data.take > 0:
         pruned = {r["name"] for r in rows}            # every layer: the error accumulated up to it

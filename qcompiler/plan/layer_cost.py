@@ -5,12 +5,12 @@ damage alone and can make a model *slower than plain float*: every float island 
 kernels plus a QuantizeLinear/DequantizeLinear conversion at each of its boundaries, and on some
 layers the int8 kernel is not faster than the float one in the first place. This module predicts
 the latency of a mixed-precision build for any F, so that the selection
-(:func:`qcompiler.quant.select.select_float_layers`, ``cost=costs.latency``) can prefer, among the
+(:func:`qcompiler.plan.select.select_float_layers`, ``cost=costs.latency``) can prefer, among the
 sets that meet the accuracy budget, the fastest one::
 
     T(F) = Σ_{l int8 under F} t8[l]  +  Σ_{l float under F} tf[l]  +  Σ_{c in conv(F)} (a + b · n_c)
 
-* "int8/float under F" is the quantize pass's own plan (:func:`qcompiler.passes.quantize._plan`)
+* "int8/float under F" is the quantize pass's own plan (:func:`qcompiler.passes.quantize_plan.plan`)
   with ``keep_float ∪ F``: a MaxPool or Relu after a float conv turns float too, exactly as in the
   build, so T sees what the compiler will emit;
 * conv(F) are the conversions that plan inserts: a QuantizeLinear for every float value entering
@@ -56,6 +56,9 @@ from typing import Iterable
 import numpy as np
 
 from ..ir.graph import Graph, Op, Value
+from ..ir.types import QuantParams, TensorType
+from ..passes import PassContext, PassManager, quantize_plan
+from ..passes.quantize import QuantizeOptions
 
 CONV_KINDS = ("Conv", "FusedConv", "QLinearConv", "ConvTranspose")
 GEMM_KINDS = ("Gemm", "FusedGemm", "QLinearGemm", "MatMul")
@@ -142,8 +145,7 @@ class LayerCosts:
         """The quantize pass's plan for ``keep_float ∪ float_set`` (cached)."""
         key = frozenset(float_set)
         if key not in self._plans:
-            from ..passes.quantize import QuantizeOptions, _plan
-            self._plans[key] = _plan(self.graph, QuantizeOptions(keep_float=self.keep_float | key))
+            self._plans[key] = quantize_plan.plan(self.graph, QuantizeOptions(keep_float=self.keep_float | key))
         return self._plans[key]
 
     def precisions(self, float_set: Iterable[str] = frozenset()) -> dict[str, str]:
@@ -211,17 +213,14 @@ class LayerCosts:
 def prepared_float_graph(graph: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
     """A clone of ``graph`` (after the default passes, not quantized) after the quantize pass's
     prepare step: the graph whose op names the selection and the quantized layers use."""
-    from ..passes.quantize import QuantizeOptions, _prepare
     g = graph.clone()
-    _prepare(g, QuantizeOptions(keep_float=frozenset(keep_float)))
+    quantize_plan.prepare(g, QuantizeOptions(keep_float=frozenset(keep_float)))
     return g
 
 
 def quantize_for_timing(prepared: Graph, keep_float: Iterable[str] = frozenset()) -> Graph:
     """An all-int8 clone of ``prepared`` for timing only: ranges from two random samples (kernel
     times do not depend on the scales), no bias correction."""
-    from ..passes import PassContext, PassManager
-    from ..passes.quantize import QuantizeOptions
     g = prepared.clone()
     opts = QuantizeOptions(keep_float=frozenset(keep_float), random_samples=2, bias_correction=False)
     with warnings.catch_warnings():
@@ -332,8 +331,8 @@ def time_each_kernel(graph: Graph, spec, repeats: int = 5, min_repeat_ms: float 
     are timed once."""
     import tvm
     from ..codegen.fusion import plan
-    from ..codegen.lower import _Lowering, tvm_compile
-    low = _Lowering(graph, spec)
+    from ..codegen.lower import Lowering, tvm_compile
+    low = Lowering(graph, spec)
     mod = low.run()
     ex = tvm_compile(mod, spec)
     lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
@@ -396,7 +395,6 @@ CONVERSION_SIZES = (4096, 262144)
 def conversion_fit(fspec, repeats: int = 5, min_repeat_ms: float = 5.0, remote=None) -> tuple[float, float]:
     """(a, b) of a + b·n ms for one Q or DQ conversion of n elements: standalone QuantizeLinear and
     DequantizeLinear kernels of the real code generator timed at two sizes, averaged."""
-    from ..ir.types import QuantParams, TensorType
     pts = []
     for n in CONVERSION_SIZES:
         g = Graph("conversion")
