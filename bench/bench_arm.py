@@ -26,8 +26,6 @@ script reports what the compiler emitted and what the hardware would need for it
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import re
 import subprocess
@@ -69,23 +67,21 @@ def model_data(name: str):
 
 
 def build(onnx_path, shapes, calib, out: Path, cpu: str, dtype: str, dotprod: bool) -> None:
-    from qcompiler.cli import main
-    argv = [str(onnx_path), "--target", "arm", "--cpu", cpu, "--dtype", dtype, "-o", str(out), "-q"]
-    if shapes:
-        for k, v in shapes.items():
-            argv += ["--input-shape", f"{k}=" + "x".join(map(str, v))]
-    argv.append("--features=+dotprod" if dotprod else "--features=-dotprod")     # cortex-a76 has dotprod itself
+    """= qcompile ONNX --target arm --cpu CPU --dtype DTYPE --features=(+|-)dotprod [--calib C --debug-layers]."""
+    from qcompiler.codegen.target import TargetSpec
+    from qcompiler.driver import CalibOptions, CompileOptions, ModelSource, compile
+    spec = TargetSpec("arm", dtype=dtype, cpu=cpu, features=("+dotprod" if dotprod else "-dotprod",),
+                      debug_layers=dtype == "int8")      # cortex-a76 has dotprod itself
+    calib_opts = CalibOptions()
     if dtype == "int8":
         np.save(out.parent / "calib.npy", calib)
-        argv += ["--calib", str(out.parent / "calib.npy"), "--calib-samples", str(len(calib)), "--debug-layers"]
+        calib_opts = CalibOptions(source=str(out.parent / "calib.npy"), samples=len(calib))
     os.environ["QCOMPILER_KEEP_SYMBOLS"] = "1"
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            rc = main(argv)
+        compile(ModelSource(str(onnx_path), dict(shapes or {})), out,
+                CompileOptions(target=spec, calib=calib_opts, quiet=True))
     finally:
         del os.environ["QCOMPILER_KEEP_SYMBOLS"]
-    if rc != 0:
-        raise SystemExit(f"qcompile {' '.join(argv)} failed ({rc})")
 
 
 def instruction_counts(lib: Path) -> tuple[int, Counter]:

@@ -5,7 +5,7 @@
     qc.run_passes(g, "default")                      # or "fold-bn,fuse-act", or your own passes
     print(g)                                         # the IR as text
     qc.save_onnx(g, "out.onnx")                      # IR -> ONNX, runs in ONNX Runtime
-    qc.compile(g, "out_dir", target="x86", dtype="fp32")   # IR -> artifact
+    art = qc.compile(g, "out_dir")                   # IR -> artifact (x86 fp32; options: qcompiler.driver)
     model = qc.load("out_dir"); y = model(x)         # run it with the TVM runtime
 """
 from __future__ import annotations
@@ -31,10 +31,12 @@ def run_passes(graph, pipeline="default", **kw):
     return f(graph, pipeline, **kw)
 
 
-def compile(graph, out_dir, target="x86", dtype="fp32", **spec):
-    from .codegen.artifact import write_artifact
-    from .codegen.target import TargetSpec
-    return write_artifact(graph, TargetSpec(family=target, dtype=dtype, **spec), out_dir)
+def compile(model, out_dir, options=None):
+    """Compile ``model`` (an ONNX path or an IR graph) to the artifact folder ``out_dir`` with the
+    driver behind ``qcompile``: ``options`` a :class:`qcompiler.driver.CompileOptions` (default: the
+    default passes, x86 fp32 for this CPU). Returns the :class:`qcompiler.driver.Artifact`."""
+    from .driver import compile as f
+    return f(model, out_dir, options)
 
 
 def load(out_dir, device=None):

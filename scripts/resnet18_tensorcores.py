@@ -92,7 +92,8 @@ RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 def quantized_graph(path: str, dtype: str, log=lambda *a: None):
     """The graph ``qcompile PATH --target cuda --dtype DTYPE --calib random`` compiles."""
-    from qcompiler import cli
+    from qcompiler.codegen.target import TargetSpec
+    from qcompiler.driver import CalibOptions, CompileOptions, ModelSource, load_model, run_pipeline
     calib = "random"
     batch = onnx.load(path).graph.input[0].type.tensor_type.shape.dim[0].dim_value
     if batch > 1:
@@ -100,13 +101,10 @@ def quantized_graph(path: str, dtype: str, log=lambda *a: None):
         # then calibrates on wrongly shaped data and fails): give the same kind of noise as a file
         calib = f"/tmp/resnet18_noise_b{batch}.npz"
         np.savez(calib, input=np.random.default_rng(0).standard_normal((4 * batch, 3, 224, 224)).astype(np.float32))
-    args = cli.build_parser().parse_args(["compile", path, "--target", "cuda", "--dtype", dtype,
-                                          "--calib", calib, "--quiet", "-o", "/tmp/unused_out"])
-    spec = cli._target_spec(args)
-    if dtype == "int8":
-        args.passes = "default,quantize"
-    g = cli.load_model(args)
-    cli.run_pipeline(g, args, log)
+    spec = TargetSpec("cuda", dtype=dtype)
+    opts = CompileOptions(target=spec, calib=CalibOptions(source=calib), quiet=True)
+    g = load_model(ModelSource(path))
+    run_pipeline(g, opts, log)
     return g, spec
 
 

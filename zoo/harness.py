@@ -1,13 +1,12 @@
-"""Build a zoo model with qcompiler as a user would (the CLI), run it, compare it with ONNX Runtime.
+"""Build a zoo model with qcompiler's compile driver (what ``qcompile`` runs), run it, compare it
+with ONNX Runtime.
 
-    art = build(m, "fp32", out_dir)                  # qcompile M.onnx --dtype fp32 -o OUT (in process)
+    art = build(m, "fp32", out_dir)                  # = qcompile M.onnx --dtype fp32 -o OUT
     ys = run(art, m.feeds(4, seed=1))                # one output list per feed
     art8 = build(m, "int8", out_dir8, calib=m.feeds(32))
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,23 +48,37 @@ def save_calib(feeds: list[dict], path: Path) -> Path:
     return path
 
 
+def options(m: ZooModel, dtype: str, calib_npz: Path | None = None):
+    """(ModelSource, CompileOptions) of ``m``: x86, the CLI's defaults, calibration without a report
+    evaluation (``cli_args`` gives the same build as a command line)."""
+    from qcompiler.codegen.target import TargetSpec
+    from qcompiler.driver import CalibOptions, CompileOptions, ModelSource
+    from qcompiler.frontend.onnx_control import parse_input_value
+    values = dict(parse_input_value(f"{k}={','.join(map(str, v if isinstance(v, list) else [v]))}")
+                  for k, v in m.values.items())
+    src = ModelSource(str(m.path()), {k: tuple(shape) for k, (_, shape) in m.inputs.items()}, values)
+    calib = CalibOptions(source=str(calib_npz), eval_samples=0) if calib_npz is not None else CalibOptions()
+    return src, CompileOptions(target=TargetSpec("x86", dtype=dtype), calib=calib, quiet=True)
+
+
 def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None) -> Build:
-    """``qcompile`` in this process; raises RuntimeError with its message if it does not exit 0."""
-    from qcompiler.cli import main
+    """Compile ``m`` with :func:`qcompiler.driver.compile`; raises RuntimeError with the error's
+    message (and the equivalent command line) if it fails."""
+    import warnings
+
+    from qcompiler.driver import compile
     out = Path(out)
     npz = save_calib(calib, out.with_name(out.name + ".calib.npz")) if calib else None
+    src, opts = options(m, dtype, npz)
     t = time.perf_counter()
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
-            rc = main(cli_args(m, dtype, out, npz))
-    except SystemExit as e:
-        rc = e.code
-    seconds = time.perf_counter() - t
-    if rc not in (0, None):
-        raise RuntimeError(f"qcompile {' '.join(cli_args(m, dtype, out, npz))} exited {rc}: "
-                           f"{err.getvalue().strip()[-2000:]}")
-    return Build(out, seconds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(src, out, opts)
+    except Exception as e:                       # noqa: BLE001 - the stage and message, as the CLI says it
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RuntimeError(f"qcompile {' '.join(cli_args(m, dtype, out, npz))}: {type(e).__name__}: {msg}") from e
+    return Build(out, time.perf_counter() - t)
 
 
 def max_rel_error(ref: list[np.ndarray], got: list[np.ndarray]) -> float:

@@ -19,7 +19,7 @@ The result is the QuantizeOptions the pass runs with (keep_float += the selectio
 ``ranges`` of the one calibration, bias correction as the evaluation had it) and the JSON parts of
 the report: ``sensitivity`` (rows) and ``selection`` (budget, met, every float layer with its reason).
 The SQNR budget is measured on the ``--sensitivity-samples`` samples of the calibration source that
-follow the calibration samples and the report's evaluation samples (:func:`selection_data`; on the
+follow the calibration samples and the report's evaluation samples (:meth:`qcompiler.driver.CalibSource.selection`; on the
 first calibration samples only when the source holds no more: optimistic, the ranges were fitted to
 them), and checked at the 95 % bootstrap lower bound over those samples, not at the point estimate
 (``--budget-confidence``; the math in :mod:`qcompiler.plan.select`). The build report then
@@ -134,7 +134,7 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
          cost: Callable[[frozenset], float] | None = None, log: Callable[[str], None] = lambda m: None):
     """(QuantizeOptions for the pass, report parts) for ``graph`` (the float graph before the
     quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
-    where to measure (a Dataset / EvalData); ``select_data`` (EvalData, :func:`selection_data`):
+    where to measure (a Dataset / EvalData); ``select_data`` (EvalData, :meth:`qcompiler.driver.CalibSource.selection`):
     where ``--min-sqnr`` and ``--sensitivity`` are measured instead of the first calibration samples."""
     from .select import select_float_layers
     from .sensitivity import Sensitivity, samples
@@ -215,29 +215,6 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
     opts = replace(opts, ranges={**sens.ranges, **opts.ranges},
                    bias_correction=opts.bias_correction and sens.bias_correction)
     return opts, parts
-
-
-def selection_data(inputs, evaluation, *, calib: str | None, samples: int,
-                   preprocess=None, batch: int = 1):
-    """Where ``--min-sqnr`` is measured: the ``samples`` samples of the calibration source after
-    the calibration samples and the report's evaluation samples (an
-    :class:`~qcompiler.plan.report.EvalData`), so that neither the ranges nor the held-back check
-    saw them; None (measure on the calibration samples, optimistic: the ranges were fitted to
-    them) when the source is random, or an ``--eval`` file is given, or it holds no samples past those."""
-    import warnings
-    from ..quant.data import open_dataset
-    from .report import EvalData
-    if calib in (None, "random") or evaluation is None or not evaluation.held_back \
-            or evaluation.source != calib:
-        return None
-    skip = evaluation.skip + evaluation.take
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = open_dataset(calib, inputs, samples=skip + samples, preprocess=preprocess, batch=batch)
-    left = ds.num_samples - skip
-    if left <= 0:
-        return None
-    return EvalData(ds, skip, min(left, samples), f"{calib} samples {skip}..{skip + min(left, samples) - 1}")
 
 
 def _criterion(sens, accuracy: bool, confidence: float, n: int):

@@ -118,44 +118,6 @@ class EvalData:
                 "held_back": self.held_back, "random": self.random}
 
 
-def eval_data(inputs, *, samples: int, calib: str | None, calib_samples: int, eval_path: str | None = None,
-              preprocess=None, batch: int = 1, random_calib_samples: int = 64) -> EvalData | None:
-    """The evaluation data of ``qcompile --dtype int8``: ``eval_path`` (all of it, at most
-    ``samples``) or else the ``samples`` samples of the calibration source after those calibration
-    used (``calib`` a path, or ``"random"``/None: the same seeded random stream, continued).
-    ``samples == 0``: None (no evaluation)."""
-    from ..quant.data import open_dataset, random_dataset
-    if samples < 0:
-        raise UserError(f"--eval-samples must be 0 or more, got {samples}", "--eval-samples",
-                        "give a number of samples, or 0 to skip the evaluation")
-    if samples == 0:
-        return None
-    if eval_path is not None:
-        ds = open_dataset(eval_path, inputs, samples=samples, preprocess=preprocess, batch=batch)
-        return EvalData(ds, 0, ds.num_samples, eval_path)
-    if calib in (None, "random"):
-        with warnings.catch_warnings():            # the calibration already warned about random data
-            warnings.simplefilter("ignore")
-            ds = random_dataset(inputs, random_calib_samples + samples)     # as the quantize pass draws it
-        return EvalData(ds, random_calib_samples, samples,
-                        f"random normal inputs (seed 0), samples {random_calib_samples}.."
-                        f"{random_calib_samples + samples - 1} of the calibration stream", random=True)
-    with warnings.catch_warnings():                # fewer samples than asked: handled below
-        warnings.simplefilter("ignore")
-        ds = open_dataset(calib, inputs, samples=calib_samples + samples, preprocess=preprocess, batch=batch)
-    used = min(ds.num_samples, calib_samples)
-    left = ds.num_samples - used
-    if left == 0:
-        warnings.warn(f"report: {calib} holds {ds.num_samples} samples, all used for calibration; "
-                      "the report evaluates on calibration samples (give --eval DATA or fewer "
-                      "--calib-samples for held-back data)", stacklevel=2)
-        return EvalData(ds, 0, min(samples, ds.num_samples), calib, held_back=False)
-    if left < samples:
-        warnings.warn(f"report: only {left} samples of {calib} are left after the {used} used for "
-                      f"calibration; evaluating on those {left}", stacklevel=2)
-    return EvalData(ds, used, left, calib)
-
-
 def chunks(data: EvalData, size: int, batch: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray | None]]:
     """(feed, labels) of ``size`` samples (the last one a multiple of ``batch``) from samples
     ``skip .. skip + take - 1`` of the stream; skipped samples are read and dropped."""

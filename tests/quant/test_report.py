@@ -18,6 +18,7 @@ import pytest
 from conftest import timing_keys
 
 from qcompiler.cli import main
+from qcompiler.driver import CalibOptions, CalibSource
 from qcompiler.frontend import import_onnx
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
@@ -208,11 +209,17 @@ def test_chunks_skip_take_rechunk(feed_batch, size, batch):
     assert all(np.array_equal(f["x"][:, 0], lab) for f, lab in got)       # labels stay with their samples
 
 
+def _eval_data(specs, *, samples, calib, calib_samples, eval_path=None):
+    """The report's evaluation window of the driver's calibration source."""
+    opts = CalibOptions(source=calib, samples=calib_samples, eval_samples=samples, eval_path=eval_path)
+    return CalibSource.open(opts, specs).evaluation()
+
+
 def test_eval_data_random_continues_the_calibration_stream():
     specs = [("x", (1, 3, 4, 4), "float32")]
     with pytest.warns(UserWarning):
         stream = np.concatenate([f["x"] for f in random_dataset(specs, 12)])
-    d = R.eval_data(specs, samples=4, calib="random", calib_samples=8, random_calib_samples=8)
+    d = _eval_data(specs, samples=4, calib="random", calib_samples=8)
     assert d.random and d.skip == 8 and d.take == 4 and "random" in d.source
     got = np.concatenate([f["x"] for f, _ in R.chunks(d, 64, 1)])
     assert np.array_equal(got, stream[8:12])                 # the samples after the 8 calibrated on
@@ -223,20 +230,20 @@ def test_eval_data_from_the_calibration_file_or_eval_path(tmp_path):
     specs = [("input", (1, 1, 28, 28), "float32")]
     with np.load(DATA) as z:
         x = z["x"]
-    d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=990)
+    d = _eval_data(specs, samples=10, calib=str(DATA), calib_samples=990)
     assert (d.skip, d.take, d.held_back) == (990, 10, True)
     got = np.concatenate([f["input"] for f, _ in R.chunks(d, 4, 1)])
     assert np.array_equal(got, x[990:1000].reshape(got.shape))
     with pytest.warns(UserWarning, match="only 3 samples"):
-        d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=997)
+        d = _eval_data(specs, samples=10, calib=str(DATA), calib_samples=997)
     assert (d.skip, d.take) == (997, 3)
     with pytest.warns(UserWarning, match="all used for calibration"):
-        d = R.eval_data(specs, samples=10, calib=str(DATA), calib_samples=5000)
+        d = _eval_data(specs, samples=10, calib=str(DATA), calib_samples=5000)
     assert (d.skip, d.take, d.held_back) == (0, 10, False)
     np.save(tmp_path / "e.npy", x[:7])
-    d = R.eval_data(specs, samples=64, calib=str(DATA), calib_samples=256, eval_path=str(tmp_path / "e.npy"))
+    d = _eval_data(specs, samples=64, calib=str(DATA), calib_samples=256, eval_path=str(tmp_path / "e.npy"))
     assert (d.skip, d.take, d.source) == (0, 7, str(tmp_path / "e.npy"))
-    assert R.eval_data(specs, samples=0, calib=str(DATA), calib_samples=256) is None
+    assert _eval_data(specs, samples=0, calib=str(DATA), calib_samples=256) is None
 
 
 @needs_fashion
@@ -244,7 +251,7 @@ def test_float_layers_and_no_evaluation():
     """A layer kept float is a row with precision float and its own SQNR; samples=0: no accuracy."""
     g, ctx = _quantized(calib_samples=32, keep_float=frozenset({"GlobalAveragePool"}))
     fp32 = ctx.data["quantize.float_graph"]
-    d = R.eval_data(g.inputs, samples=16, calib=str(DATA), calib_samples=32)
+    d = _eval_data(g.inputs, samples=16, calib=str(DATA), calib_samples=32)
     rep = R.build_report(fp32, g, d)
     rows = {r["kind"]: r for r in rep["layers"]}
     floats = [r["kind"] for r in rep["layers"] if r["precision"] == "float"]
@@ -267,7 +274,7 @@ def test_streamed_sums_do_not_depend_on_the_chunking(monkeypatch):
     reps = []
     for chunk in (1, 24):
         monkeypatch.setattr(R, "MAX_CHUNK", chunk)
-        reps.append(R.build_report(fp32, g, R.eval_data(g.inputs, samples=24, calib=str(DATA), calib_samples=32)))
+        reps.append(R.build_report(fp32, g, _eval_data(g.inputs, samples=24, calib=str(DATA), calib_samples=32)))
     a, b = reps
     assert [r["sqnr_db"] for r in a["layers"]] == pytest.approx([r["sqnr_db"] for r in b["layers"]], abs=2e-4)
     assert a["evaluation"]["outputs"] == b["evaluation"]["outputs"] and a["evaluation"]["samples"] == 24

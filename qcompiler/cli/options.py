@@ -1,0 +1,73 @@
+"""``qcompile``'s parsed flags → the driver's typed :class:`~qcompiler.driver.CompileOptions`."""
+from __future__ import annotations
+
+from ..codegen.target import TargetSpec
+from ..driver import (BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource, PipelineOptions,
+                      RemoteOptions, SparsityOptions, TuneOptions)
+from ..errors import UserError
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for s in specs:
+        name, eq, dims = s.rpartition("=")
+        try:
+            if not eq or not name:
+                raise ValueError
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+            if any(d <= 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise UserError(f"bad --input-shape '{s}'", "--input-shape",
+                            "write NAME=1x3x224x224 with positive dimensions") from None
+        shapes[name] = shape
+    return shapes
+
+
+def model_source(args) -> ModelSource:
+    from ..frontend.onnx_control import parse_input_value
+    return ModelSource(args.model, parse_input_shapes(args.input_shape),
+                       dict(parse_input_value(s) for s in args.input_value), tuple(args.plugin))
+
+
+def remote_options(args) -> RemoteOptions | None:
+    """--rpc-tracker/--rpc-key (both or neither)."""
+    if args.rpc_tracker is None and args.rpc_key is None:
+        return None
+    if args.rpc_tracker is None or args.rpc_key is None:
+        given, missing = ("--rpc-tracker", "--rpc-key") if args.rpc_key is None else ("--rpc-key", "--rpc-tracker")
+        raise UserError(f"{given} needs {missing}", given, "give both --rpc-tracker HOST:PORT and --rpc-key KEY")
+    return RemoteOptions(args.rpc_tracker, args.rpc_key, args.rpc_timeout)
+
+
+def _target(args) -> TargetSpec:
+    if getattr(args, "target", None) is None:          # inspect/convert: this host
+        return TargetSpec("x86")
+    return TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
+                      arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
+                      features=tuple(f.strip() for f in args.features.split(",") if f.strip()),
+                      float_dtype=args.float_dtype, debug_layers=args.debug_layers)
+
+
+def compile_options(args) -> CompileOptions:
+    """The options of any command that runs passes (compile, inspect, convert)."""
+    tune = None
+    if getattr(args, "tune", None) is not None:
+        tune = TuneOptions(args.tune, args.tune_db)
+    elif getattr(args, "tune_db", None) is not None:
+        raise UserError("--tune-db needs --tune", "--tune-db", "add --tune TRIALS (e.g. --tune 64)")
+    return CompileOptions(
+        target=_target(args),
+        pipeline=PipelineOptions(args.passes, args.print_ir_after, args.time_passes),
+        calib=CalibOptions(source=args.calib, samples=args.calib_samples, method=args.calib_method,
+                           percentile=args.percentile, per_tensor=args.per_tensor, preprocess=args.preprocess,
+                           eval_samples=args.eval_samples, eval_path=args.eval, equalize=args.equalize,
+                           bias_correction=BiasCorrection(args.bias_correction) if args.bias_correction else None),
+        budget=BudgetOptions(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
+                             args.sensitivity, args.sensitivity_samples, args.budget_confidence,
+                             getattr(args, "layer_costs", "off")),
+        sparsity=SparsityOptions(args.sparsity, args.sparsity_pattern, args.sparsity_global, tuple(args.no_prune),
+                                 args.sparse_objective),
+        export_qdq=getattr(args, "export_qdq", None), qdq_weights=getattr(args, "qdq_weights", "int8"),
+        tune=tune, remote=remote_options(args) if hasattr(args, "rpc_tracker") else None,
+        quiet=args.quiet)

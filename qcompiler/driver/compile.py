@@ -1,0 +1,136 @@
+"""``compile(model, output, options) -> Artifact``: the one compile driver behind ``qcompile``
+and ``qcompiler.compile``.
+
+    art = compile("model.onnx", "out", CompileOptions(target=TargetSpec("x86", dtype="int8"),
+                                                      calib=CalibOptions(source="calib.npz")))
+    art.path, art.report["sqnr"]...
+
+Steps: check the options and the paths (before any work) → import → open the calibration source
+once → run the pipeline → (QDQ export) → the build report → lower, build, link and write the
+artifact folder atomically (nothing half-written on error).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+from ..ir.graph import Graph
+from .calib import CalibSource
+from .options import CompileOptions, ModelSource
+from .pipeline import run_pipeline
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Artifact:
+    """A compiled artifact folder and what the compilation knows about it."""
+    path: Path
+    graph: Graph                              # the IR as compiled (after the passes)
+    report: dict = field(default_factory=dict)    # OUT/report.json's content
+    seconds: float = 0.0
+
+    def __fspath__(self) -> str:             # qcompiler.load(artifact) and os.path functions take it
+        return str(self.path)
+
+
+# ---- paths --------------------------------------------------------------------------------------
+def check_output_path(path: str, is_dir: bool) -> None:
+    """Fail early, before any work, if ``path`` cannot be written."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise UserError(f"output folder {parent} does not exist", path, "create it or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"cannot write in {parent} (permission denied)", path, "choose a writable -o")
+    if os.path.exists(path) and is_dir and not os.path.isdir(path):
+        raise UserError("output exists and is not a directory", path, "remove it or choose another -o")
+    if os.path.isdir(path) and not is_dir:
+        raise UserError("output is a directory", path, "give a file name such as out.onnx")
+
+
+def check_model_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise UserError("model file not found", path, "check the path")
+    if os.path.isdir(path):
+        raise UserError("model path is a directory", path, "give the .onnx file")
+
+
+def load_model(src: ModelSource) -> Graph:
+    """Import ``src.path`` (plugins loaded first: they may register ops' passes)."""
+    from ..frontend.onnx_import import import_onnx
+    check_model_path(src.path)
+    for plugin in src.plugins:
+        from ..passes import load_plugin
+        load_plugin(plugin)
+    return import_onnx(src.path, dict(src.input_shapes) or None, dict(src.input_values) or None)
+
+
+def is_quantized(graph: Graph) -> bool:
+    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize") for op in graph.ops)
+
+
+# ---- the driver -----------------------------------------------------------------------------------
+def _check_before_work(model, output: str, opts: CompileOptions) -> None:
+    if isinstance(model, ModelSource):
+        check_model_path(model.path)
+    opts.check()
+    spec = opts.target
+    if spec.family == "cuda":
+        from ..codegen.cuda.aot import check_archs
+        check_archs(spec.arch)              # an --arch this nvcc cannot build: refused before any work
+    if spec.family == "cuda" and spec.dtype == "int8":
+        from ..codegen.cuda.int8 import cuda_int8_layout
+        cuda_int8_layout()                  # a bad QC_CUDA_INT8_LAYOUT: refused before any work
+    check_output_path(output, is_dir=True)
+    if opts.export_qdq:
+        check_output_path(opts.export_qdq, is_dir=False)
+
+
+def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.PathLike,
+            options: CompileOptions | None = None, *, log: Log | None = None) -> Artifact:
+    """Compile ``model`` (an ONNX path, a :class:`ModelSource` or an IR graph, which is changed in
+    place) to the artifact folder ``output``. Raises UserError for bad input before any work."""
+    opts = options or CompileOptions()
+    log = log or (lambda msg: None)
+    output = os.fspath(output)
+    if isinstance(model, (str, os.PathLike)):
+        model = ModelSource(os.fspath(model))
+    _check_before_work(model, output, opts)
+    spec = opts.target
+    tune_opts = None
+    if opts.tune is not None:
+        from ..codegen.tune import check_options
+        tune_opts = check_options(opts.tune.trials, opts.tune.db, spec)
+    board = None
+    if opts.remote is not None:
+        from ..runtime import remote
+        board = remote.connect(opts.remote.tracker, opts.remote.key, opts.remote.timeout)
+        log(f"connected to {board}")
+    t0 = time.perf_counter()
+    g = load_model(model) if isinstance(model, ModelSource) else model
+    name = os.path.basename(model.path) if isinstance(model, ModelSource) else g.name
+    calib = evaluation = None
+    if opts.quantizing:                     # opened once; held-back data for the report; bad data fails early
+        calib = CalibSource.open(opts.calib, g.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
+        evaluation = calib.evaluation()
+    ops_before, params_before = g.op_histogram(), g.param_count()
+    # the model as given, for the report's output figures: the float passes need not preserve
+    # results (relu6-to-relu under --equalize/--per-tensor, pruning, analytic bias correction)
+    given = g.clone() if evaluation is not None else None
+    pm = run_pipeline(g, opts, log, calib=calib, evaluation=evaluation, board=board)
+    if opts.export_qdq:
+        from ..frontend.qdq_export import save_qdq
+        save_qdq(g, opts.export_qdq, uint8_weights=opts.qdq_weights == "uint8")
+        log(f"wrote {opts.export_qdq} (QDQ ONNX of the quantized model)")
+    from .report import ReportFiles
+    files = ReportFiles.of(g, pm, opts, name=name, ops_before=ops_before, params_before=params_before,
+                           evaluation=evaluation, given=given, output=output)
+    from ..codegen.artifact import write_artifact
+    from ..codegen.tune import build_fn as tuned_build
+    out = write_artifact(g, spec, output, extra_files=files.extra,
+                         build=tuned_build(tune_opts, log) if tune_opts else None)
+    return Artifact(Path(out), g, files.final(), time.perf_counter() - t0)

@@ -1,0 +1,159 @@
+"""Typed options of one compilation: what ``qcompile compile``'s flags and
+``qcompiler.compile(model, out, options)`` both turn into.
+
+    opts = CompileOptions(target=TargetSpec("x86", dtype="int8"),
+                          calib=CalibOptions(source="calib.npz", samples=128))
+
+Every option group is a frozen dataclass; :meth:`CompileOptions.check` validates the combination
+once, before any work, and raises :class:`~qcompiler.errors.UserError` naming the flag.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from ..codegen.target import TargetSpec
+from ..errors import UserError
+
+RANDOM = "random"
+"""``CalibOptions.source`` for calibration on seeded random normal data (not representative; warns)."""
+
+RANDOM_SAMPLES_CAP = 64
+"""Random calibration draws at most this many samples, whatever ``CalibOptions.samples`` says
+(the report's held-back evaluation continues the same random stream after them)."""
+
+
+class BiasCorrection(str, enum.Enum):
+    """``--bias-correction``: how the mean output shift of the int8 weights is corrected."""
+    NONE = "none"
+    ANALYTIC = "analytic"          # from the BatchNorm statistics (bias-correct pass, no data)
+    EMPIRICAL = "empirical"        # from the calibration data (the default when quantizing)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """How the ONNX file is read: static shapes and constant values for its inputs, plugin passes."""
+    path: str
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    input_values: Mapping[str, Any] = field(default_factory=dict)
+    plugins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Which passes run and what is printed while they do."""
+    passes: str | None = None                # "default", "none" or a comma list; None: default
+    print_ir_after: str | None = None        # pass names (comma list) or "all"
+    time_passes: bool = False
+
+
+@dataclass(frozen=True)
+class CalibOptions:
+    """Where the int8 ranges come from and how they are computed (static quantization)."""
+    source: str | None = None                # .npy/.npz/image folder, or RANDOM; None: none given
+    samples: int = 256
+    method: Literal["minmax", "percentile", "entropy", "mse"] = "minmax"
+    percentile: float = 99.99
+    per_tensor: bool = False                 # one weight scale per tensor (default per channel)
+    preprocess: str | None = None            # image folders: e.g. "imagenet,bgr"
+    eval_samples: int = 64                   # build report: held-back samples (0: no evaluation)
+    eval_path: str | None = None             # ... or this data instead
+    equalize: bool | None = None             # None: on with per-tensor weights, off per channel
+    bias_correction: BiasCorrection | None = None   # None: empirical when quantizing
+
+    @property
+    def is_random(self) -> bool:
+        return self.source in (None, RANDOM)
+
+    @property
+    def random_samples(self) -> int:
+        """Samples of the random stream that calibration draws (``source`` RANDOM)."""
+        return min(self.samples, RANDOM_SAMPLES_CAP)
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """Which layers stay float: by name, by an SQNR or accuracy budget, or by measured sensitivity."""
+    keep_float: tuple[str, ...] = ()
+    force_int8: tuple[str, ...] = ()
+    min_sqnr: float | None = None
+    max_accuracy_drop: float | None = None
+    sensitivity: bool = False
+    sensitivity_samples: int = 64
+    confidence: float = 0.95
+    layer_costs: Literal["measure", "model", "off"] = "measure"
+
+    @property
+    def budgeted(self) -> bool:
+        return self.min_sqnr is not None or self.max_accuracy_drop is not None
+
+
+@dataclass(frozen=True)
+class SparsityOptions:
+    """Magnitude pruning (``fraction`` None: only detect sparsity already in the weights) and the
+    weight encoding the artifact stores."""
+    fraction: float | None = None
+    pattern: Literal["unstructured", "2:4", "block4"] | None = None
+    global_ranking: bool = False
+    skip: tuple[str, ...] = ()
+    objective: Literal["time", "size"] = "time"
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """MetaSchedule tuning of the float kernels (x86)."""
+    trials: int
+    db: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """A board of a TVM RPC tracker (times the layer costs of a budgeted build)."""
+    tracker: str
+    key: str
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything one compilation needs besides the model."""
+    target: TargetSpec = field(default_factory=TargetSpec)
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
+    calib: CalibOptions = field(default_factory=CalibOptions)
+    budget: BudgetOptions = field(default_factory=BudgetOptions)
+    sparsity: SparsityOptions = field(default_factory=SparsityOptions)
+    export_qdq: str | None = None            # also write the quantized model as QDQ ONNX here
+    qdq_weights: Literal["int8", "uint8"] = "int8"
+    tune: TuneOptions | None = None
+    remote: RemoteOptions | None = None
+    quiet: bool = False                      # no progress line, no report table
+
+    @property
+    def quantizing(self) -> bool:
+        return self.target.dtype == "int8"
+
+    def check(self) -> None:
+        """Reject contradicting options before any work (one UserError, naming the flag)."""
+        spec, cal = self.target, self.calib
+        if spec.float_dtype != "fp32" and spec.dtype != "int8":
+            raise UserError(f"--float-dtype {spec.float_dtype} sets the float layers of an int8 build, but "
+                            f"--dtype is {spec.dtype}", "--float-dtype",
+                            "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
+        if self.export_qdq and spec.dtype != "int8":
+            raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
+        if spec.debug_layers and (spec.dtype != "int8" or spec.family == "cuda"):
+            raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
+                            f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
+                            "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")
+        if self.remote is not None and (not self.budget.budgeted or self.budget.layer_costs != "measure"):
+            raise UserError("--rpc-tracker times the layer costs of a budgeted build (--min-sqnr or "
+                            "--max-accuracy-drop with --layer-costs measure); this build measures nothing",
+                            "--rpc-tracker", "add a budget, or run and time the artifact on the board with "
+                            "`qcompile run OUT --input X --rpc-tracker HOST:PORT --rpc-key KEY`")
+        if spec.dtype != "int8" and cal.eval_path:
+            raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval",
+                            "add --dtype int8")
+        if spec.dtype == "int8" and cal.eval_samples < 0:
+            raise UserError(f"--eval-samples must be 0 or more, got {cal.eval_samples}", "--eval-samples",
+                            "give a number of samples, or 0 to skip the evaluation")

@@ -1,0 +1,118 @@
+"""The pass pipeline of a compilation: the float passes, the choice of the layers that stay
+float, then quantization and the sparse weight encoding.
+
+    pm = run_pipeline(graph, opts, log, calib=src, evaluation=src.evaluation())
+
+Order (each step only where the options ask for it):
+``<passes>`` → prune → (DFQ: relu6-to-relu, equalize, absorb-bias, bias-correct) → [layer costs,
+sensitivity, mixed-precision plan] → quantize → encode-sparse.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from ..errors import UserError
+from ..passes import PassContext, PassManager, parse_pipeline
+from ..passes.encode_sparse import EncodeSparseOptions
+from ..passes.prune import PruneOptions
+from ..passes.quantize import CALIB_RUN, QuantizeOptions
+from .calib import CalibSource
+from .options import BiasCorrection, CompileOptions, SparsityOptions
+
+
+def prune_options(sp: SparsityOptions) -> PruneOptions | None:
+    """PruneOptions of the sparsity options (None: no pruning), contradictions refused."""
+    f, pattern = sp.fraction, sp.pattern
+    if f is None and pattern == "2:4":
+        f = 0.5
+    if f is None:
+        for flag, given in (("--sparsity-pattern", pattern), ("--sparsity-global", sp.global_ranking),
+                            ("--no-prune", sp.skip)):
+            if given:
+                raise UserError(f"{flag} needs --sparsity", flag, "add --sparsity F (e.g. 0.5)")
+        return None
+    if not 0.0 < f < 1.0:
+        raise UserError(f"the fraction of zeros must be between 0 and 1 (exclusive), got {f:g}", "--sparsity",
+                        "give the fraction of weights to zero, e.g. 0.5")
+    if pattern == "2:4" and f != 0.5:
+        raise UserError(f"the 2:4 pattern zeroes exactly half of the weights, --sparsity {f:g} contradicts it",
+                        "--sparsity", "drop --sparsity or give 0.5")
+    if pattern == "2:4" and sp.global_ranking:
+        raise UserError("--sparsity-global has no meaning for 2:4 (every group of 4 keeps 2)",
+                        "--sparsity-global", "drop it, or use --sparsity-pattern unstructured|block4")
+    return PruneOptions(sparsity=f, pattern=pattern or "unstructured", global_=sp.global_ranking,
+                        skip=frozenset(sp.skip))
+
+
+def pass_list(opts: CompileOptions) -> str | None:
+    """The ``passes`` option with 'quantize' added for an int8 build."""
+    passes = opts.pipeline.passes
+    if not opts.quantizing:
+        return passes
+    if passes in (None, "default"):
+        return "default,quantize"
+    return passes if "quantize" in passes.split(",") else passes + ",quantize"
+
+
+def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOptions:
+    c = opts.calib
+    return QuantizeOptions(method=c.method, percentile=c.percentile, per_channel=not c.per_tensor,
+                           calib=calib.calibration(), keep_float=frozenset(opts.budget.keep_float),
+                           progress=not opts.quiet, random_samples=c.random_samples,
+                           bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL))
+
+
+def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None = None, evaluation=None,
+                 board=None) -> PassManager:
+    """Run the passes of ``opts`` on ``graph`` in place; returns the PassManager (timings, ctx).
+    ``calib``: the opened calibration source (opened here when quantizing without one);
+    ``evaluation``: the report's held-back data; ``board``: a connected RPC board for layer costs."""
+    from ..plan import mixed
+    from ..plan.dfq import dfq_recipe, equalize_default
+    pipeline = parse_pipeline(pass_list(opts))
+    prune_opts = prune_options(opts.sparsity)
+    if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
+        pipeline.insert(pipeline.index("quantize") if "quantize" in pipeline else len(pipeline), "prune")
+    quantizing = "quantize" in pipeline
+    if (quantizing or prune_opts is not None) and "encode-sparse" not in pipeline:
+        pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
+    c = opts.calib
+    equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
+    bias = (c.bias_correction or (BiasCorrection.EMPIRICAL if quantizing else BiasCorrection.NONE)).value
+    pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
+    ctx = PassContext(log=log)
+    if prune_opts is not None:
+        ctx.options["prune"] = prune_opts
+    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
+                                                       target=opts.target.family)
+    b = opts.budget
+    req = mixed.Request(tuple(b.keep_float), tuple(b.force_int8), b.min_sqnr, b.max_accuracy_drop,
+                        b.sensitivity, b.sensitivity_samples, confidence=b.confidence)
+    if req.active and not quantizing:
+        raise UserError("--min-sqnr/--max-accuracy-drop/--force-int8/--sensitivity need quantization",
+                        "--dtype", "add --dtype int8 (or the quantize pass)")
+    req.check()
+    p = opts.pipeline
+    pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
+    if quantizing:                  # float passes, then which layers stay float, then quantize
+        if calib is None:
+            calib = CalibSource.open(c, graph.inputs, sensitivity_samples=b.sensitivity_samples)
+        ctx.options["quantize"] = quantize_options(opts, calib)
+        at = pipeline.index("quantize")
+        pre = PassManager(pipeline[:at], print_ir_after=p.print_ir_after, out=sys.stdout, ctx=ctx)
+        pre.run(graph)
+        costs = None
+        if req.budget is not None and b.layer_costs != "off":
+            from ..plan import layer_cost
+            keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
+            costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, replace(opts.target, dtype="int8"),
+                                                                    keep, b.layer_costs, log, remote=board)
+        sel_data = calib.selection(evaluation) if req.min_sqnr is not None or req.sensitivity else None
+        ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
+                                                                eval_data=evaluation, select_data=sel_data, log=log,
+                                                                cost=costs.latency if costs else None)
+        ctx.data[CALIB_RUN] = ctx.data["mixed"].pop("_calib_run", None)
+        pm.pipeline, pm.timings = pipeline[at:], list(pre.timings)
+    pm.run(graph)
+    return pm
