@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..codegen.target import Family
 from ..errors import UserError
 from ..ir.graph import Graph
 from .calib import CalibSource
@@ -79,10 +80,10 @@ def _check_before_work(model, output: str, opts: CompileOptions) -> None:
         check_model_path(model.path)
     opts.check()
     spec = opts.target
-    if spec.family == "cuda":
+    if spec.family is Family.CUDA:
         from ..codegen.cuda.aot import check_archs
         check_archs(spec.arch)              # an --arch this nvcc cannot build: refused before any work
-    if spec.family == "cuda" and spec.dtype == "int8":
+    if spec.family is Family.CUDA and spec.dtype == "int8":
         from ..codegen.cuda.int8 import cuda_int8_layout
         cuda_int8_layout()                  # a bad QC_CUDA_INT8_LAYOUT: refused before any work
     check_output_path(output, is_dir=True)

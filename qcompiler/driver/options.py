@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from ..codegen.target import TargetSpec
+from ..codegen.target import Family, TargetSpec
 from ..errors import UserError
 
 RANDOM = "random"
@@ -142,7 +142,7 @@ class CompileOptions:
                             "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
         if self.export_qdq and spec.dtype != "int8":
             raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
-        if spec.debug_layers and (spec.dtype != "int8" or spec.family == "cuda"):
+        if spec.debug_layers and (spec.dtype != "int8" or spec.family is Family.CUDA):
             raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
                             f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
                             "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")

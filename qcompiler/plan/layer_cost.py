@@ -55,6 +55,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..codegen.target import Family
 from ..ir.graph import Graph, Op, Value
 from ..ir.types import QuantParams, TensorType
 from ..passes import PassContext, PassManager, quantize_plan
@@ -230,7 +231,7 @@ def quantize_for_timing(prepared: Graph, keep_float: Iterable[str] = frozenset()
 
 
 def host_can_measure(spec) -> bool:
-    return spec.family == "x86" and platform.machine().lower() in ("x86_64", "amd64")
+    return spec.family is Family.X86 and platform.machine().lower() in ("x86_64", "amd64")
 
 
 def measure_layer_costs(graph: Graph, spec, *, keep_float: Iterable[str] = frozenset(),
@@ -364,7 +365,7 @@ def _on_board(lib, spec, remote):
     import tempfile
     from pathlib import Path
     from ..codegen.artifact import export_library
-    if spec.family == "cuda":
+    if spec.family is Family.CUDA:
         raise ValueError("remote kernel timing covers CPU targets (x86, arm), not cuda")
     with tempfile.TemporaryDirectory(prefix="qcompiler-kernels-") as tmp:
         path = Path(tmp) / "kernels.so"
@@ -424,7 +425,7 @@ def for_budget(graph: Graph, spec, keep_float: Iterable[str], mode: str = "measu
     CPU targets), "model" the analytic model, "off" none (accuracy only)."""
     if mode == "off":
         return None
-    if remote is not None and spec.family == "cuda":
+    if remote is not None and spec.family is Family.CUDA:
         log("layer costs: remote timing covers CPU targets; using the analytic cost model for cuda")
         remote = None
     measure = mode == "measure" and (remote is not None or host_can_measure(spec))
