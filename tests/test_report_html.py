@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from conftest import timing_keys
 
-from qcompiler.cli import main
+from qcompiler.codegen.target import TargetSpec
+from qcompiler.driver import BudgetOptions, CalibOptions, CompileOptions, PipelineOptions, compile
 from qcompiler.plan.report_html import render
 from qcompiler.plan.report_plots import SENSITIVITY_ROWS, SQNR_WARN_DB, WORST_LAYERS
 
@@ -38,9 +39,12 @@ EVIL = '<script>alert("x")</script>&amp'
 
 
 
-def _compile(argv: list[str]) -> None:
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(argv + ["-q"]) == 0
+def _compile(model: Path, out: Path, **options) -> None:
+    """Build ``model`` into ``out`` with the driver (quiet: no progress, no report table)."""
+    compile(str(model), out, CompileOptions(quiet=True, **options))
+
+
+INT8 = TargetSpec("x86", dtype="int8")
 
 
 class Page(HTMLParser):
@@ -104,10 +108,10 @@ def fashion(tmp_path_factory):
     if not (MODEL.exists() and DATA.exists()):
         pytest.skip("fashion model or data missing")
     root = tmp_path_factory.mktemp("html")
-    _compile([str(MODEL), "--dtype", "int8", "--calib", str(DATA), "--calib-samples", "64",
-              "--eval-samples", "32", "--equalize", "--sensitivity", "--sensitivity-samples", "8",
-              "-o", str(root / "q8")])
-    _compile([str(MODEL), "-o", str(root / "f32")])
+    _compile(MODEL, root / "q8", target=INT8,
+             calib=CalibOptions(source=str(DATA), samples=64, eval_samples=32, equalize=True),
+             budget=BudgetOptions(sensitivity=True, sensitivity_samples=8))
+    _compile(MODEL, root / "f32")
     return root / "q8", root / "f32"
 
 
@@ -203,8 +207,7 @@ def test_fp32_report_json_and_html(fashion):
 # ---- names from the model are escaped ------------------------------------------------------------
 def test_names_with_script_are_escaped(evil):
     out = evil / "q8"
-    _compile([str(evil / "m.onnx"), "--dtype", "int8", "--calib", "random", "--calib-samples", "16",
-              "--eval-samples", "8", "-o", str(out)])
+    _compile(evil / "m.onnx", out, target=INT8, calib=CalibOptions(source="random", samples=16, eval_samples=8))
     html = (out / "report.html").read_text()
     rep = json.loads((out / "report.json").read_text())
     assert any(EVIL in r["name"] for r in rep["layers"])
@@ -248,12 +251,12 @@ def test_render_escapes_every_model_string():
 def test_fp32_report_is_reproducible_and_timings_only_on_request(evil):
     outs = [evil / f"f32_{i}" for i in range(2)]
     for o in outs:
-        _compile([str(evil / "m.onnx"), "-o", str(o)])
+        _compile(evil / "m.onnx", o)
     for name in ("model.so", "manifest.json", "report.json", "report.html"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
     timed = evil / "f32_t"
-    with contextlib.redirect_stdout(io.StringIO()):           # --time-passes prints its table on stdout
-        assert main([str(evil / "m.onnx"), "-o", str(timed), "--time-passes", "-q"]) == 0
+    with contextlib.redirect_stdout(io.StringIO()):           # time_passes prints its table on stdout
+        _compile(evil / "m.onnx", timed, pipeline=PipelineOptions(time_passes=True))
     rep = json.loads((timed / "report.json").read_text())
     assert rep["passes"] and all(x["seconds"] >= 0 for x in rep["passes"])
     assert "<th>seconds</th>" in (timed / "report.html").read_text()

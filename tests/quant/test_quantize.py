@@ -324,11 +324,12 @@ def test_calibration_without_data_warns_and_uses_random_inputs():
 
 
 def test_random_calibration_feeds_whole_batches_of_the_models_batch(tmp_path):
-    """`--calib random` on a batch-8 model: random feeds of the model's batch (they were batch 1,
+    """Random calibration on a batch-8 model: random feeds of the model's batch (they were batch 1,
     which a batch-8 graph cannot run: the ranges came out empty), rounded up to whole batches."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from qcompiler.cli import main
+    from qcompiler.codegen.target import TargetSpec
+    from qcompiler.driver import RANDOM, CalibOptions, CompileOptions, compile
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
     g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
                            helper.make_node("Relu", ["c"], ["y"])], "g",
@@ -337,8 +338,9 @@ def test_random_calibration_feeds_whole_batches_of_the_models_batch(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "b8.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main([str(tmp_path / "b8.onnx"), "--dtype", "int8", "--calib", "random", "--calib-samples", "12",
-                     "-o", str(tmp_path / "out"), "-q"]) == 0
+        compile(str(tmp_path / "b8.onnx"), tmp_path / "out",
+                CompileOptions(target=TargetSpec("x86", dtype="int8"), calib=CalibOptions(source=RANDOM, samples=12),
+                               quiet=True))
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
     assert rep["calibration"]["source"] == "random" and rep["quantized_layers"] >= 2, rep
 

@@ -18,7 +18,8 @@ import pytest
 from conftest import timing_keys
 
 from qcompiler.cli import main
-from qcompiler.driver import CalibOptions, CalibSource
+from qcompiler.codegen.target import TargetSpec
+from qcompiler.driver import CalibOptions, CalibSource, CompileOptions, compile
 from qcompiler.frontend import import_onnx
 from qcompiler.passes import PassContext, PassManager
 from qcompiler.passes.quantize import QuantizeOptions
@@ -32,6 +33,8 @@ MODEL = realmodels.MODELS_DIR / "fashion_mobilenet.onnx"
 DATA = realmodels.MODELS_DIR / "fashion_test.npz"
 CALIB, EVAL = 256, 64
 ARGS = [str(MODEL), "--dtype", "int8", "--calib", str(DATA), "--calib-samples", str(CALIB)]
+OPTIONS = CompileOptions(target=TargetSpec("x86", dtype="int8"), calib=CalibOptions(source=str(DATA), samples=CALIB),
+                         quiet=True)                       # ARGS -q, for the driver
 
 needs_fashion = pytest.mark.skipif(not (MODEL.exists() and DATA.exists()),
                                    reason="models/fashion_mobilenet.onnx or fashion_test.npz missing")
@@ -47,8 +50,18 @@ def _quantized(calib_samples=CALIB, **opts):
 
 
 @pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    """The artifact folder of fashion_mobilenet built by the driver with OPTIONS."""
+    if not (MODEL.exists() and DATA.exists()):
+        pytest.skip("fashion model or data missing")
+    return compile(str(MODEL), tmp_path_factory.mktemp("report") / "OUT", OPTIONS).path
+
+
+@pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Two CLI builds with the same arguments, the second with -q: (out, stdout, out_q, stdout_q)."""
+    """Two CLI builds with the same arguments, the second with -q: (out, stdout, out_q, stdout_q).
+    What the CLI prints, and that -q changes no byte of the artifact; the report's content is checked
+    on the driver's build (``art``)."""
     if not (MODEL.exists() and DATA.exists()):
         pytest.skip("fashion model or data missing")
     import contextlib
@@ -64,7 +77,7 @@ def built(tmp_path_factory):
     return tuple(res)
 
 
-# ---- the CLI build ----------------------------------------------------------------------------------
+# ---- the CLI build (its table, -q) and the driver's -----------------------------------------------
 @needs_fashion
 def test_report_json_is_valid_listed_and_deterministic(built):
     out, _, out_q, _ = built
@@ -95,8 +108,8 @@ def test_table_on_stdout_but_not_with_quiet(built):
 
 
 @needs_fashion
-def test_layers_match_the_quantized_graph(built):
-    rep = json.loads((built[0] / R.REPORT).read_text())
+def test_layers_match_the_quantized_graph(art):
+    rep = json.loads((art / R.REPORT).read_text())
     g, _ = _quantized()
     qops = [op for op in g.ops if op.results and op.result.type.quant is not None]
     assert rep["quantized_layers"] == len(qops) == len(rep["layers"]) == 31
@@ -135,8 +148,8 @@ def test_grid_histogram_and_levels_by_brute_force():
 
 
 @needs_fashion
-def test_histograms_of_the_worst_layers(built):
-    rep = json.loads((built[0] / R.REPORT).read_text())
+def test_histograms_of_the_worst_layers(art):
+    rep = json.loads((art / R.REPORT).read_text())
     have = [r for r in rep["layers"] if "histogram" in r]
     worst = sorted(rep["layers"], key=lambda r: r["sqnr_db"])[:R.HIST_LAYERS]
     assert [r["name"] for r in have] == [r["name"] for r in rep["layers"] if r in worst]
@@ -148,9 +161,9 @@ def test_histograms_of_the_worst_layers(built):
 
 
 @needs_fashion
-def test_outputs_agree_with_an_independent_computation(built):
+def test_outputs_agree_with_an_independent_computation(art):
     """fp32 logits from onnxruntime on the original model, int8 logits from the compiled artifact."""
-    out = built[0]
+    out = art
     rep = json.loads((out / R.REPORT).read_text())
     with np.load(DATA) as z:
         x, y = z["x"][CALIB:CALIB + EVAL].astype(np.float32), z["y"][CALIB:CALIB + EVAL]
@@ -171,8 +184,8 @@ def test_outputs_agree_with_an_independent_computation(built):
 
 
 @needs_fashion
-def test_sizes(built):
-    out = built[0]
+def test_sizes(art):
+    out = art
     rep = json.loads((out / R.REPORT).read_text())
     g, ctx = _quantized()
     fp32 = ctx.data["quantize.float_graph"]

@@ -37,6 +37,8 @@ import numpy as np
 import pytest
 
 from qcompiler.cli import main
+from qcompiler.codegen.target import TargetSpec
+from qcompiler.driver import CalibOptions, CompileOptions, compile
 from qcompiler.verify import read_quantized
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,6 +69,14 @@ def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(r ** 2) / np.sum((got.astype(np.float64) - r) ** 2)))
 
 
+def options(flags, **calib) -> CompileOptions:
+    """The driver's options of an int8 build with the qcompile ``flags`` of BUILDS (quiet)."""
+    return CompileOptions(target=TargetSpec("x86", dtype="int8", debug_layers="--debug-layers" in flags),
+                          calib=CalibOptions(per_tensor="--per-tensor" in flags,
+                                             equalize=True if "--equalize" in flags else None, **calib),
+                          quiet=True)
+
+
 BUILDS = [  # (model, extra flags)
     ("fashion_mobilenet", ()),
     ("fashion_mobilenet", ("--per-tensor", "--debug-layers")),      # equalize on: relu6-to-relu changes fp32
@@ -86,8 +96,7 @@ def test_report_output_sqnr_is_the_artifacts(tmp_path, model, flags):
     np.save(tmp_path / "calib.npy", x[:CALIB])
     np.save(tmp_path / "eval.npy", x[CALIB:])
     out = tmp_path / "OUT"
-    assert main([str(path), "--dtype", "int8", "--calib", str(tmp_path / "calib.npy"), "--eval",
-                 str(tmp_path / "eval.npy"), *flags, "-o", str(out), "-q"]) == 0
+    compile(str(path), out, options(flags, source=str(tmp_path / "calib.npy"), eval_path=str(tmp_path / "eval.npy")))
     rep = json.loads((out / "report.json").read_text())
     ev = rep["evaluation"]
     assert ev["samples"] == EVAL and ev["source"] == str(tmp_path / "eval.npy")
@@ -131,8 +140,8 @@ def test_per_tensor_fashion_verify_passes(tmp_path, capsys):
     np.save(tmp_path / "calib.npy", x[:256])
     np.save(tmp_path / "test.npy", x[256:])
     out = tmp_path / "OUT"
-    assert main([str(path), "--dtype", "int8", "--per-tensor", "--calib", str(tmp_path / "calib.npy"),
-                 "--debug-layers", "--eval-samples", "0", "-o", str(out), "-q"]) == 0
+    compile(str(path), out, options(("--per-tensor", "--debug-layers"), source=str(tmp_path / "calib.npy"),
+                                    eval_samples=0))
     assert json.loads((out / "equalization.json").read_text())["pairs"]        # equalize ran
     capsys.readouterr()
     code = main(["verify", str(out), "--data", str(tmp_path / "test.npy"), "--json"])

@@ -1,7 +1,8 @@
 """The zoo's correctness test, shared by tests/zoo/test_zoo_*.py (one file per group, so pytest-xdist's
 --dist loadfile spreads the groups over the workers).
 
-For each zoo model (zoo/manifest.toml), as a user would build it (the qcompile CLI, in process):
+For each zoo model (zoo/manifest.toml), as a user would build it (zoo.harness.build: the compile driver
+that ``qcompile`` runs, in process; a model that does not import goes through the CLI, for its error line):
 
 * fp32: ``qcompile M.onnx --dtype fp32`` equals ONNX Runtime on the model as given within
   1e-4 * max|ref| per output, on EVAL_SAMPLES real inputs (zoo/data.py). 1e-4: float32 results of
