@@ -41,6 +41,26 @@ class Rule:
         return self.fn(kernel, spec)
 
 
+SPARSE_STAGES = ("xcol", "out")
+"""The loop nests of a sparse kernel a target schedules: the gathered input columns and the output."""
+
+
+def sparse_stages(kernel: Kernel):
+    """(schedule, [block of each of ``SPARSE_STAGES`` the kernel has]) of a ``sparse`` kernel,
+    or None for any other kernel: the first steps of every target's sparse rule."""
+    if kernel.kind != "sparse":
+        return None
+    from tvm import s_tir
+    sch = s_tir.Schedule(kernel.func)
+    blocks = []
+    for name in SPARSE_STAGES:
+        try:
+            blocks.append(sch.get_sblock(name))
+        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
+            continue
+    return sch, blocks
+
+
 def apply_rules(rules: Sequence[Rule], kernel: Kernel, spec: TargetSpec) -> tirx.PrimFunc:
     """``kernel`` scheduled by the first rule of ``rules`` that applies; unscheduled if none does."""
     for rule in rules:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import functools
 
 import tvm
-from tvm import s_tir
 
 from ..kernels.sparse import CUDA_THREADS
-from ..schedule import Kernel, Rule
+from ..schedule import Kernel, Rule, sparse_stages
 from ..target import TargetSpec
 from . import direct, wmma
 
@@ -31,14 +30,11 @@ def _target(spec: TargetSpec) -> tvm.target.Target:
 
 
 def _sparse(k: Kernel, spec: TargetSpec):
-    if k.kind != "sparse":
+    staged = sparse_stages(k)
+    if staged is None:
         return None
-    sch = s_tir.Schedule(k.func)
-    for name in ("xcol", "out"):
-        try:
-            blk = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
-            continue
+    sch, blocks = staged
+    for blk in blocks:
         loops = sch.get_loops(blk)
         f = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         bx, tx = sch.split(f, [None, CUDA_THREADS])

@@ -8,22 +8,18 @@
 """
 from __future__ import annotations
 
-from tvm import s_tir
 
-from ..schedule import Kernel, Rule
+from ..schedule import Kernel, Rule, sparse_stages
 from ..target import TargetSpec
 from . import schedules
 
 
 def _sparse(k: Kernel, spec: TargetSpec):
-    if k.kind != "sparse":
+    staged = sparse_stages(k)
+    if staged is None:
         return None
-    sch = s_tir.Schedule(k.func)
-    for name in ("xcol", "out"):
-        try:
-            blk = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage is absent (X read in place, no epilogue)
-            continue
+    sch, blocks = staged
+    for blk in blocks:
         schedules._spatial_nest(sch, blk, k.vw)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
