@@ -32,7 +32,7 @@ class Build:
 def cli_args(m: ZooModel, dtype: str, out: Path, calib_npz: Path | None = None) -> list[str]:
     """The qcompile command line for ``m`` (after ``qcompile``)."""
     args = [str(m.path()), "--target", "x86", "--dtype", dtype, "-o", str(out), "-q"]
-    for k, (_, shape) in m.inputs.items():
+    for k, shape in m.input_shapes.items():
         args += ["--input-shape", f"{k}={'x'.join(map(str, shape))}"]
     for k, v in m.values.items():
         vals = v if isinstance(v, list) else [v]
@@ -53,10 +53,7 @@ def options(m: ZooModel, dtype: str, calib_npz: Path | None = None):
     evaluation (``cli_args`` gives the same build as a command line)."""
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.driver import CalibOptions, CompileOptions, ModelSource
-    from qcompiler.frontend.onnx_control import parse_input_value
-    values = dict(parse_input_value(f"{k}={','.join(map(str, v if isinstance(v, list) else [v]))}")
-                  for k, v in m.values.items())
-    src = ModelSource(str(m.path()), {k: tuple(shape) for k, (_, shape) in m.inputs.items()}, values)
+    src = ModelSource(str(m.path()), m.input_shapes, m.input_values)
     calib = CalibOptions(source=str(calib_npz), eval_samples=0) if calib_npz is not None else CalibOptions()
     return src, CompileOptions(target=TargetSpec("x86", dtype=dtype), calib=calib, quiet=True)
 

@@ -57,8 +57,6 @@ class DotIsa:
         return f"{self.kind}x{self.lanes}"
 
 
-
-
 def dot_desc(k: int, lanes: int, adt: str, bdt: str, scope: str):
     """The pattern every dot-product intrinsic of :mod:`.x86.intrin` and :mod:`.arm.intrin` replaces:
     ``C[i] += Σ_{j<k} A[j] · B[i, j]`` over ``lanes`` int32 accumulators in ``scope``."""

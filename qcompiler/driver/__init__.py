@@ -9,9 +9,9 @@ and ``qcompiler.compile`` both call.
 from .options import (RANDOM, BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource,  # noqa: I001
                       PipelineOptions, RemoteOptions, SparsityOptions, TuneOptions)
 from .calib import CalibSource
-from .compile import Artifact, check_model_path, check_output_path, compile, is_quantized, load_model
+from .compile import Artifact, check_model_path, check_output_path, compile, load_model
 from .pipeline import run_pipeline
-from .report import format_text
+from .report import format_text, is_quantized
 
 __all__ = ["compile", "Artifact", "CompileOptions", "ModelSource", "PipelineOptions", "CalibOptions",
            "BudgetOptions", "SparsityOptions", "TuneOptions", "RemoteOptions", "BiasCorrection", "RANDOM",

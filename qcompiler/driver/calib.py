@@ -66,11 +66,9 @@ class CalibSource:
 
     def evaluation(self) -> EvalData | None:
         """The build report's data: ``eval_path`` (at most ``eval_samples``), or the ``eval_samples``
-        samples of the stream after calibration's; None with ``eval_samples == 0``."""
+        samples of the stream after calibration's; None with ``eval_samples == 0`` (a negative
+        count is refused by :meth:`CompileOptions.check`)."""
         o = self.opts
-        if o.eval_samples < 0:
-            raise UserError(f"--eval-samples must be 0 or more, got {o.eval_samples}", "--eval-samples",
-                            "give a number of samples, or 0 to skip the evaluation")
         if o.eval_samples == 0:
             return None
         if o.eval_path is not None:

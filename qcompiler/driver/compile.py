@@ -23,6 +23,7 @@ from ..ir.graph import Graph
 from .calib import CalibSource
 from .options import CompileOptions, ModelSource
 from .pipeline import run_pipeline
+from .report import ReportFiles
 
 Log = Callable[[str], None]
 
@@ -68,10 +69,6 @@ def load_model(src: ModelSource) -> Graph:
         from ..passes import load_plugin
         load_plugin(plugin)
     return import_onnx(src.path, dict(src.input_shapes) or None, dict(src.input_values) or None)
-
-
-def is_quantized(graph: Graph) -> bool:
-    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize") for op in graph.ops)
 
 
 # ---- the driver -----------------------------------------------------------------------------------
@@ -127,7 +124,6 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
         from ..frontend.qdq_export import save_qdq
         save_qdq(g, opts.export_qdq, uint8_weights=opts.qdq_weights == "uint8")
         log(f"wrote {opts.export_qdq} (QDQ ONNX of the quantized model)")
-    from .report import ReportFiles
     files = ReportFiles.of(g, pm, opts, name=name, ops_before=ops_before, params_before=params_before,
                            evaluation=evaluation, given=given, output=output)
     from ..codegen.artifact import write_artifact

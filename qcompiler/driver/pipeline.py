@@ -17,6 +17,8 @@ from ..passes import PassContext, PassManager, parse_pipeline
 from ..passes.encode_sparse import EncodeSparseOptions
 from ..passes.prune import PruneOptions
 from ..passes.quantize import CALIB_RUN, QuantizeOptions
+from ..plan import mixed
+from ..plan.dfq import dfq_recipe, equalize_default
 from .calib import CalibSource
 from .options import BiasCorrection, CompileOptions, SparsityOptions
 
@@ -68,8 +70,6 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     """Run the passes of ``opts`` on ``graph`` in place; returns the PassManager (timings, ctx).
     ``calib``: the opened calibration source (opened here when quantizing without one);
     ``evaluation``: the report's held-back data; ``board``: a connected RPC board for layer costs."""
-    from ..plan import mixed
-    from ..plan.dfq import dfq_recipe, equalize_default
     pipeline = parse_pipeline(pass_list(opts))
     prune_opts = prune_options(opts.sparsity)
     if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
@@ -104,7 +104,7 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         pre.run(graph)
         costs = None
         if req.budget is not None and b.layer_costs != "off":
-            from ..plan import layer_cost
+            from ..plan import layer_cost          # loads TVM: only for a budget with layer costs
             keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, replace(opts.target, dtype="int8"),
                                                                     keep, b.layer_costs, log, remote=board)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..plan import report_html
-from ..plan import report
+from ..plan import mixed, report, report_html, sparse_report
+from ..plan.dfq import artifact_files
+from ..plan.dfq import report as dfq_report
 from .options import CompileOptions
+
+
+def is_quantized(graph) -> bool:
+    """Whether the graph holds integer ops (the quantize pass ran and quantized something)."""
+    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize") for op in graph.ops)
 
 
 @dataclass
@@ -20,9 +26,6 @@ class ReportFiles:
     @classmethod
     def of(cls, g, pm, opts: CompileOptions, *, name: str, ops_before, params_before, evaluation, given,
            output: str) -> "ReportFiles":
-        from ..plan.dfq import artifact_files
-        from ..plan.dfq import report as dfq_report
-        from .compile import is_quantized
         spec, c = opts.target, opts.calib
         data = report_html.compile_data(g, pm, model=name, target=spec.family, dtype=spec.dtype,
                                         ops_before=ops_before, params_before=params_before,
@@ -36,7 +39,6 @@ class ReportFiles:
                 calibration={"source": c.source, "samples": calib.num_samples if calib is not None
                              else c.random_samples, "method": c.method})
             rep.update(data)
-            from ..plan import mixed
             rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
             if pm.ctx.data.get("layer_costs") is not None:        # per-layer ms, boundaries, slower-than-float
                 chosen = (pm.ctx.data.get("mixed") or {}).get("selection", {}).get("float_layers", [])
@@ -45,7 +47,6 @@ class ReportFiles:
             rep = {"format_version": report.FORMAT_VERSION, **data, "layers": report_html.float_layers(g),
                    "size": {"params_fp32_bytes": g.param_count()[1]}}
         if "sparsity" in g.meta:                 # the encode-sparse pass ran (int8, or pruned fp32)
-            from ..plan import sparse_report
             rep["sparsity"] = sparse_report.sparsity_section(
                 g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
                 pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
@@ -64,7 +65,6 @@ class ReportFiles:
             r = report.with_library_size(rep, manifest["library"]["bytes"]) if self.quantized else \
                 {**rep, "size": {**rep["size"], "library_fp32_bytes": manifest["library"]["bytes"]}}
             if "sparsity" in r:
-                from ..plan import sparse_report
                 r = {**r, "sparsity": sparse_report.with_library(
                     r["sparsity"], manifest["library"]["bytes"], sparse_report.building_library(self.output))}
             self.done = {**r, "warnings": report_html.warnings_of(r)}
@@ -76,12 +76,10 @@ class ReportFiles:
 
 def format_text(rep: dict) -> str:
     """The report as the terminal tables ``qcompile`` prints after an int8 build."""
-    from ..plan import mixed
     from ..plan.layer_cost import format_text as latency_text
     text = report.format_table(rep) + mixed.format_text(rep) + latency_text(rep.get("latency"))
     sec = rep.get("sparsity")
     if sec:
-        from ..plan import sparse_report
         if sparse_report.worth_showing(sec["layers"]):
             text += "\n".join(sparse_report.format_lines(sec)) + "\n"
     return text
