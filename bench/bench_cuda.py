@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         return 2
     if args.build_only is None:
         print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
+    work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench_cuda_"))
     work.mkdir(parents=True, exist_ok=True)
     dtypes = [d for d in args.dtypes.split(",") if d]
     # (dtype, CUDA graph, int8 layout); the layouts multiply the int8 builds only
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
         return dt + (f"+{layout}" if layout != "nchw" else "") + ("+graph" if graph else "")
 
     # 1. models, inputs and every build (side by side)
-    built = Path(args.build_only or args.prebuilt or work)
+    built = Path(args.build_only or args.prebuilt or work).resolve()
     cases, jobs, prints = [], {}, {}
     for name in args.models.split(","):
         tm = torch_model(name)

@@ -52,16 +52,19 @@ from qcompiler.plan.sensitivity import Sensitivity  # noqa: E402
 from qcompiler.runtime import load  # noqa: E402
 
 
-def model_data(name: str):
-    """(ONNX model, calibration feeds, budget feeds, timing iterations) with batch-1 feeds."""
+def model_data(name: str, n_calib: int | None = None, n_held: int | None = None):
+    """(ONNX model, calibration feeds, budget feeds, timing iterations) with batch-1 feeds;
+    ``n_calib``/``n_held`` override the model's sample counts."""
     if name == "fashion_mobilenet":
+        c, h = n_calib or 128, n_held or 32
         x = realmodels.fashion_test()[0].astype(np.float32)
-        calib, held = x[:128], x[128:160]
+        calib, held = x[:c], x[c:c + h]
         model, iters = str(realmodels.MODELS_DIR / "fashion_mobilenet.onnx"), 200
     elif name == "rapidocr-cls":
+        c, h = n_calib or 24, n_held or 16
         m = {m.name: m for m in realmodels.rapidocr_models()}[name]
-        lines = realmodels.rapidocr_text_lines(40)
-        calib, held = lines[:24], lines[24:40]
+        lines = realmodels.rapidocr_text_lines(c + h)
+        calib, held = lines[:c], lines[c:c + h]
         model, iters = m.load(), 40
     else:
         raise SystemExit(f"unknown model {name}")
@@ -77,7 +80,7 @@ def predicted_never_slower(costs, acc, lat) -> tuple:
 
 
 def run(name: str, args) -> list[dict]:
-    model, calib, held, iters = model_data(name)
+    model, calib, held, iters = model_data(name, args.calib, args.held)
     t0 = time.perf_counter()
     g = import_onnx(model, {"x": (1, 3, 48, 192)} if name == "rapidocr-cls" else None)
     run_passes(g)
@@ -154,6 +157,10 @@ def main() -> None:
                     help="evaluations the latency-aware search may add to the accuracy-only one's (its "
                          "same-size swaps each need one; default 200)")
     ap.add_argument("--show-costs", action="store_true", help="print the per-layer costs")
+    ap.add_argument("--calib", type=int, default=None, metavar="N",
+                    help="calibration samples (default: fashion 128, cls 24)")
+    ap.add_argument("--held", type=int, default=None, metavar="N",
+                    help="held-back samples the budget is measured on (default: fashion 32, cls 16)")
     args = ap.parse_args()
     args.budgets = {k: float(v) for k, v in (p.split("=") for p in args.min_sqnr.split(",") if p)}
     rows = []

@@ -139,7 +139,7 @@ def bench_large(rounds, iters, batches, dtypes):
 
 
 # ---- synthetic layers: the measurements cost.fit takes its default factors from ---------------------
-def sweep_cases() -> list[tuple]:
+def sweep_cases(layers: str = "") -> list[tuple]:
     """(label, kind, weight shape, conv geometry, batch) of the synthetic fit set: a grid of gemms
     (batch 1) and 1x1 / 3x3 convs over channels 3..1024 (powers of 2 and not: 24, 160 pad differently
     in the dense kernels' 16-lane tiles) and 1x1 (a conv on pooled features) .. 56x56 pixels, plus
@@ -161,7 +161,8 @@ def sweep_cases() -> list[tuple]:
                 cases.append((f"conv3x3 {cin}->{cout} {hw[0]}x{hw[1]}/{st}", "conv", (cout, cin, 3, 3),
                               ((1, cin) + hw, (1, 1, 1, 1), (st, st), 1), 1))
     cases.append(("conv3x3 64->64 56x56", "conv", (64, 64, 3, 3), ((1, 64, 56, 56), (1, 1, 1, 1), (1, 1), 1), 1))
-    return cases
+    keep = [k for k in layers.split(",") if k]
+    return [c for c in cases if not keep or any(k in c[0] for k in keep)]
 
 
 SWEEP_VARIANTS = (("csr", 0.6, "unstructured"), ("csr", 0.8, "unstructured"), ("csr", 0.9, "unstructured"),
@@ -194,7 +195,7 @@ def _write_samples(out: Path, head: dict, samples: list[dict]) -> None:
     out.write_text(json.dumps(head)[:-1] + ', "samples": [\n' + body + "\n]}\n")
 
 
-def bench_sweep(dtypes, rounds, iters, out: Path):
+def bench_sweep(dtypes, rounds, iters, out: Path, layers: str = ""):
     """Time dense and every sparse variant of every :func:`sweep_cases` layer; write the samples
     (layer counts, format, seconds) as JSON for ``--what fit``."""
     import json
@@ -209,7 +210,7 @@ def bench_sweep(dtypes, rounds, iters, out: Path):
                                                           (("dense", 0, ""),) + SWEEP_VARIANTS) + "  (us)")
     t0 = time.time()
     for dtype in dtypes:
-        for label, kind, wshape, conv, batch in sweep_cases():
+        for label, kind, wshape, conv, batch in sweep_cases(layers):
             base = _weights(wshape, dtype)
             m = _columns(kind, wshape, conv, batch)
             vs = [(f, s, pat) for f, s, pat in SWEEP_VARIANTS if f != "bsr4x1" or wshape[0] % 4 == 0]
@@ -445,6 +446,8 @@ def main():
                     help="--what models: write the real layers' timings here; --what recheck reads them")
     ap.add_argument("--samples", type=Path, default=ROOT / "bench" / "sparse_fit_samples.json",
                     help="--what sweep writes the synthetic layers' timings here, --what fit reads them")
+    ap.add_argument("--layers", default="", help="--what sweep: comma-separated substrings of the synthetic "
+                    "layers' labels (default: all)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--batches", default="1,4,16", help="gemm batch sizes")
@@ -456,7 +459,7 @@ def main():
     if args.what in ("all", "large"):
         bench_large(args.rounds, args.iters, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))
     if args.what == "sweep":
-        bench_sweep(args.dtypes.split(","), args.rounds, args.iters, args.samples)
+        bench_sweep(args.dtypes.split(","), args.rounds, args.iters, args.samples, args.layers)
     if args.what == "fit":
         fit_samples(args.samples)
     if args.what in ("all", "models"):

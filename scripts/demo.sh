@@ -4,7 +4,7 @@
 # test images), check both against ONNX Runtime on the held-back Fashion-MNIST test images, and
 # `qcompile verify` the int8 artifact against its QDQ export (examples/demo.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 scripts/setup.sh
 . .venv/bin/activate
 exec python examples/demo.py "$@"

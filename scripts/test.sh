@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run the whole test suite.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 scripts/setup.sh
 . .venv/bin/activate
 # the docs site must build without a warning (broken links, missing API objects); the site goes to a

@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 
 from ..codegen.target import Family, TargetSpec
 from ..errors import UserError
+from ..plan.mixed import BudgetOptions
 
 RANDOM = "random"
 """``CalibOptions.source`` for calibration on seeded random normal data (not representative; warns)."""
@@ -70,23 +71,6 @@ class CalibOptions:
     def random_samples(self) -> int:
         """Samples of the random stream that calibration draws (``source`` RANDOM)."""
         return min(self.samples, RANDOM_SAMPLES_CAP)
-
-
-@dataclass(frozen=True)
-class BudgetOptions:
-    """Which layers stay float: by name, by an SQNR or accuracy budget, or by measured sensitivity."""
-    keep_float: tuple[str, ...] = ()
-    force_int8: tuple[str, ...] = ()
-    min_sqnr: float | None = None
-    max_accuracy_drop: float | None = None
-    sensitivity: bool = False
-    sensitivity_samples: int = 64
-    confidence: float = 0.95
-    layer_costs: Literal["measure", "model", "off"] = "measure"
-
-    @property
-    def budgeted(self) -> bool:
-        return self.min_sqnr is not None or self.max_accuracy_drop is not None
 
 
 @dataclass(frozen=True)

@@ -87,12 +87,10 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
                                                        target=opts.target.family)
     b = opts.budget
-    req = mixed.Request(tuple(b.keep_float), tuple(b.force_int8), b.min_sqnr, b.max_accuracy_drop,
-                        b.sensitivity, b.sensitivity_samples, confidence=b.confidence)
-    if req.active and not quantizing:
+    if b.active and not quantizing:
         raise UserError("--min-sqnr/--max-accuracy-drop/--force-int8/--sensitivity need quantization",
                         "--dtype", "add --dtype int8 (or the quantize pass)")
-    req.check()
+    b.check()
     p = opts.pipeline
     pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
     if quantizing:                  # float passes, then which layers stay float, then quantize
@@ -103,13 +101,13 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         pre = PassManager(pipeline[:at], print_ir_after=p.print_ir_after, out=sys.stdout, ctx=ctx)
         pre.run(graph)
         costs = None
-        if req.budget is not None and b.layer_costs != "off":
+        if b.budget is not None and b.layer_costs != "off":
             from ..plan import layer_cost          # loads TVM: only for a budget with layer costs
-            keep = mixed.resolve_keep_float(graph, req.keep_float, req.force_int8) - set(req.force_int8)
+            keep = mixed.resolve_keep_float(graph, b.keep_float, b.force_int8) - set(b.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, replace(opts.target, dtype="int8"),
                                                                     keep, b.layer_costs, log, remote=board)
-        sel_data = calib.selection(evaluation) if req.min_sqnr is not None or req.sensitivity else None
-        ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], req,
+        sel_data = calib.selection(evaluation) if b.min_sqnr is not None or b.sensitivity else None
+        ctx.options["quantize"], ctx.data["mixed"] = mixed.plan(graph, ctx.options["quantize"], b,
                                                                 eval_data=evaluation, select_data=sel_data, log=log,
                                                                 cost=costs.latency if costs else None)
         ctx.data[CALIB_RUN] = ctx.data["mixed"].pop("_calib_run", None)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Literal
 
 from ..errors import UserError
 from ..ir.graph import Graph
@@ -42,17 +42,25 @@ DEFAULT_FLOAT += ("PRelu", "Where", "Sign", "Mod", "GatherND", "ScatterND")     
 OP_PREFIX = "op:"
 
 
-@dataclass
-class Request:
+@dataclass(frozen=True)
+class BudgetOptions:
+    """Which layers of an int8 build stay float: by name (``--keep-float``/``--force-int8``), by an
+    SQNR or accuracy budget, or ranked by measured sensitivity (``qcompiler.driver`` re-exports it
+    as ``CompileOptions.budget``)."""
     keep_float: tuple[str, ...] = ()
     force_int8: tuple[str, ...] = ()
     min_sqnr: float | None = None
     max_accuracy_drop: float | None = None
     sensitivity: bool = False
-    samples: int = 64
+    sensitivity_samples: int = 64          # the selection window of the calibration source
+    confidence: float = 0.95               # the budget holds at this bootstrap lower bound; 0: point estimate
+    layer_costs: Literal["measure", "model", "off"] = "measure"   # the latency-aware selection's per-layer times
     shortlist: int | None = 8
     max_evaluations: int | None = None     # None: 2 per candidate layer + 40 (each search)
-    confidence: float = 0.95               # the budget holds at this bootstrap lower bound; 0: point estimate
+
+    @property
+    def budgeted(self) -> bool:
+        return self.min_sqnr is not None or self.max_accuracy_drop is not None
 
     @property
     def active(self) -> bool:
@@ -73,8 +81,8 @@ class Request:
         if self.max_accuracy_drop is not None and not (0 <= self.max_accuracy_drop <= 100):
             raise UserError(f"--max-accuracy-drop must be 0..100 points, got {self.max_accuracy_drop}",
                             "--max-accuracy-drop", "give e.g. --max-accuracy-drop 0.5")
-        if self.samples < 1:
-            raise UserError(f"--sensitivity-samples must be positive, got {self.samples}",
+        if self.sensitivity_samples < 1:
+            raise UserError(f"--sensitivity-samples must be positive, got {self.sensitivity_samples}",
                             "--sensitivity-samples", "give e.g. 64")
         if not (0 <= self.confidence < 1) or (0 < self.confidence < 0.5):
             raise UserError(f"--budget-confidence must be 0 (point estimate) or in [0.5, 1), got {self.confidence}",
@@ -130,7 +138,7 @@ def check_forced(graph: Graph, opts, force_int8) -> None:
                             "drop it from --force-int8 (only ops with an integer kernel can be forced)")
 
 
-def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, select_data=None, metric=None,
+def plan(graph: Graph, opts, req: BudgetOptions, *, calib_data=None, eval_data=None, select_data=None, metric=None,
          cost: Callable[[frozenset], float] | None = None, log: Callable[[str], None] = lambda m: None):
     """(QuantizeOptions for the pass, report parts) for ``graph`` (the float graph before the
     quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
@@ -154,15 +162,15 @@ def plan(graph: Graph, opts, req: Request, *, calib_data=None, eval_data=None, s
         if eval_data is None or not eval_data.dataset.has_labels:
             raise UserError("--max-accuracy-drop needs labelled evaluation data", "--max-accuracy-drop",
                             "give --eval DATA.npz holding the inputs and a label array (or use --min-sqnr)")
-        data, where = samples(eval_data, req.samples), f"{eval_data.source} (evaluation data)"
+        data, where = samples(eval_data, req.sensitivity_samples), f"{eval_data.source} (evaluation data)"
     elif select_data is not None:                # past the calibration and the evaluation samples
-        data, where = samples(select_data, req.samples), select_data.source + " (held back from calibration)"
+        data, where = samples(select_data, req.sensitivity_samples), select_data.source + " (held back from calibration)"
     else:
         src = opts.calib
         if src is None:
             from ..quant.data import random_dataset
-            src = random_dataset(graph.inputs, min(req.samples, opts.random_samples))
-        data, where = samples(src, req.samples), "calibration data"
+            src = random_dataset(graph.inputs, min(req.sensitivity_samples, opts.random_samples))
+        data, where = samples(src, req.sensitivity_samples), "calibration data"
     n = len(next(iter(data[0][0].values())))
     log(f"sensitivity: one calibration of every activation, then per layer set a reference run of {n} samples")
     sens = Sensitivity(graph, opts, data, metric=metric, log=log)

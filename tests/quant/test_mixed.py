@@ -89,10 +89,10 @@ def test_keep_float_by_name_builds_the_selections_graph():
     sets = [frozenset({c}) for c in sens.candidates] + [frozenset({"c1", "c2", "c3"})]
     for S in sets:
         sel = g0.clone()                                   # --min-sqnr: split first, then the set float
-        o, _ = mixed.plan(sel, opts, mixed.Request())
+        o, _ = mixed.plan(sel, opts, mixed.BudgetOptions())
         _quantized(sel, replace(o, keep_float=o.keep_float | S, ranges=sens.ranges))
         kf = g0.clone()                                    # --keep-float NAME for each name of the set
-        o, _ = mixed.plan(kf, opts, mixed.Request(keep_float=tuple(sorted(S))))
+        o, _ = mixed.plan(kf, opts, mixed.BudgetOptions(keep_float=tuple(sorted(S))))
         _quantized(kf, o)
         assert [(op.name, op.kind) for op in kf.ops] == [(op.name, op.kind) for op in sel.ops], S
         y_sel, y_kf = reference.run(sel, x)[0], reference.run(kf, x)[0]
@@ -109,7 +109,7 @@ def test_keep_float_by_kind_keeps_fused_blocks_whole():
     integer), unlike a name, which keeps that layer of the split block."""
     g = residual_convnet()
     opts, _ = mixed.plan(g, QuantizeOptions(calib=[{"x": conv_feeds(8, 1)}], bias_correction=False),
-                         mixed.Request(keep_float=("op:FusedConv",)))
+                         mixed.BudgetOptions(keep_float=("op:FusedConv",)))
     _quantized(g, opts)
     kinds = {op.name: op.kind for op in g.ops}
     assert not any(n.endswith(("_add", "_hardswish", "_sigmoid")) for n in kinds)
