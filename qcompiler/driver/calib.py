@@ -18,15 +18,9 @@ import warnings
 from dataclasses import dataclass, replace
 
 from ..errors import UserError
-from ..quant.data import Dataset, Preprocess, as_specs, open_dataset, random_dataset
+from ..quant.data import Dataset, Preprocess, as_specs, model_batch, open_dataset, random_dataset
 from ..plan.report import EvalData
 from .options import CalibOptions
-
-
-def model_batch(inputs) -> int:
-    """The batch the model was compiled for: the first input's leading dimension (1 without one)."""
-    specs = as_specs(inputs)
-    return specs[0].shape[0] if specs and specs[0].shape else 1
 
 
 @dataclass
@@ -48,7 +42,7 @@ class CalibSource:
         if opts.samples <= 0:
             raise UserError(f"--calib-samples must be positive, got {opts.samples}", "--calib-samples")
         pre = Preprocess.parse(opts.preprocess) if opts.preprocess else None
-        batch = model_batch(inputs)
+        batch = model_batch(as_specs(inputs))
         stream = None
         if not opts.is_random:          # opened once, whole: each window is a prefix of this stream
             stream = open_dataset(opts.source, inputs, preprocess=pre, batch=batch)

@@ -19,7 +19,10 @@ Sources (memory does not grow with the number of samples; a Dataset can be itera
   array holds the labels.
 
 A sample of input ``(B, *S)`` has shape ``S``; arrays of shape ``(N, *S)`` or ``(N, B, *S)`` are
-accepted. Feeds hold ``batch`` samples (the last one may hold fewer). Every problem with the data
+accepted. Feeds hold ``batch`` samples (the last one may hold fewer). An input whose leading
+dimension is not the model's batch (the first input's leading dimension), such as a recurrent
+state ``(2, B, 128)`` or an LSTM's ``(layers, B, hidden)``, has no sample axis of its own: each feed
+takes it whole, so its array holds one ``(N, *shape)`` row per feed (N feeds = N x batch samples). Every problem with the data
 is a :class:`~qcompiler.errors.UserError` naming the file: wrong shape or dtype, NaN/Inf, an empty
 folder, an unreadable image, no samples, a missing input.
 """
@@ -54,6 +57,16 @@ class InputSpec:
     @property
     def sample_shape(self) -> tuple[int, ...]:
         return self.shape[1:]
+
+    def per_feed(self, batch: int) -> bool:
+        """True when the leading dimension is not the model's ``batch``: the input is fed whole,
+        one row of its data per feed (a recurrent state, an LSTM's h/c)."""
+        return bool(self.shape) and self.shape[0] != batch
+
+
+def model_batch(specs: Sequence[InputSpec]) -> int:
+    """The batch the model was compiled for: the first input's leading dimension (1 without one)."""
+    return specs[0].shape[0] if specs and specs[0].shape else 1
 
 
 def as_specs(specs: Iterable[Any]) -> list[InputSpec]:
@@ -243,9 +256,10 @@ class _ImageSource(_Source):
 
 
 def _check_array_header(name: str, shape: tuple[int, ...], dtype: np.dtype, spec: InputSpec | None,
-                        where: str) -> tuple[int, tuple[int, ...]]:
+                        where: str, batch: int = 0) -> tuple[int, tuple[int, ...]]:
     """Validate one array's header against its input (or as labels, spec None).
-    Returns (number of samples, shape to reshape to: (N, *sample))."""
+    Returns (number of samples, shape to reshape to: (N, *sample)); for an input fed whole
+    (:meth:`InputSpec.per_feed` of ``batch``): (feeds x batch, (feeds, *shape))."""
     what = f"array '{name}'" if name else "the array"
     if dtype.kind not in "biuf":
         raise UserError(f"{what} holds {dtype} data, not numbers", where,
@@ -256,7 +270,13 @@ def _check_array_header(name: str, shape: tuple[int, ...], dtype: np.dtype, spec
     if spec is None:
         return shape[0], (shape[0],) + tuple(shape[1:])
     want = spec.sample_shape
-    if spec.shape and tuple(shape[1:]) == want:
+    if batch and spec.per_feed(batch):
+        if tuple(shape[1:]) != spec.shape:
+            raise UserError(f"{what} has shape {list(shape)} but model input '{spec.name}' takes {list(spec.shape)} "
+                            f"whole in each feed (its leading dimension is not the batch, {batch})", where,
+                            f"save one row per feed: an array of shape (N, {', '.join(map(str, spec.shape))})")
+        n, want = shape[0] * batch, spec.shape
+    elif spec.shape and tuple(shape[1:]) == want:
         n = shape[0]
     elif spec.shape and tuple(shape[1:]) == spec.shape:
         n = shape[0] * spec.shape[0]
@@ -268,7 +288,7 @@ def _check_array_header(name: str, shape: tuple[int, ...], dtype: np.dtype, spec
     if dtype.kind == "f" and target.kind in "iub" or dtype.kind == "b" and target.kind != "b":
         raise UserError(f"{what} holds {dtype} data but model input '{spec.name}' takes {target}", where,
                         f"save the data as {target}")
-    return n, (n,) + want
+    return n, (shape[0] if batch and spec.per_feed(batch) else n,) + want
 
 
 def _check_finite(a: np.ndarray, name: str, offset: int, where: str) -> None:
@@ -352,12 +372,13 @@ class _NpzSource(_Source):
         except (zipfile.BadZipFile, OSError, ValueError) as e:
             raise UserError(f"not a readable .npz file ({e})", path, "save the data with numpy.savez") from None
         self.names, self.label_key = _match_names(list(self.headers), specs, path)
+        self.batch = model_batch(specs)
         counts = {}
         self.shapes = {}
         for s in specs:
             arr = self.names[s.name]
             shape, _, dtype = self.headers[arr]
-            counts[arr], self.shapes[arr] = _check_array_header(arr, shape, dtype, s, path)
+            counts[arr], self.shapes[arr] = _check_array_header(arr, shape, dtype, s, path, self.batch)
         if self.label_key:
             shape, _, dtype = self.headers[self.label_key]
             counts[self.label_key], self.shapes[self.label_key] = _check_array_header(
@@ -387,9 +408,18 @@ class _NpzSource(_Source):
                     raise UserError(f"array '{arr}' is truncated", self.where, "re-save the file")
                 yield np.frombuffer(buf, dtype).reshape((n,) + target[1:])
 
+    def _whole(self, zf: zipfile.ZipFile, arr: str, size: int, limit: int) -> Iterator[np.ndarray]:
+        """An input fed whole: one row of its array per feed of ``batch`` samples."""
+        if size != self.batch:
+            raise UserError(f"array '{arr}' is fed whole, one row per feed of {self.batch} samples, but the "
+                            f"feeds hold {size}", self.where, f"compile and feed at the model's batch, {self.batch}")
+        for rows in self._rows(zf, arr, 1, -(-limit // size)):
+            yield rows[0]
+
     def chunks(self, size, limit):
         with zipfile.ZipFile(self.where) as zf:
-            streams = {s.name: self._rows(zf, self.names[s.name], size, limit) for s in self.specs}
+            streams = {s.name: (self._whole if s.per_feed(self.batch) else self._rows)(zf, self.names[s.name], size, limit)
+                       for s in self.specs}
             labels = self._rows(zf, self.label_key, size, limit) if self.label_key else None
             for start in range(0, limit, size):
                 feed = {}
@@ -406,11 +436,12 @@ class _RandomSource(_Source):
 
     def chunks(self, size, limit):
         rng = np.random.default_rng(self.seed)
+        batch = model_batch(self.specs)
         for start in range(0, limit, size):
             n = min(start + size, limit) - start
             feed = {}
             for s in self.specs:
-                shape, dt = (n,) + s.sample_shape, np.dtype(s.dtype)
+                shape, dt = s.shape if s.per_feed(batch) else (n,) + s.sample_shape, np.dtype(s.dtype)
                 if dt.kind == "f":
                     feed[s.name] = rng.standard_normal(shape, np.float32).astype(dt)
                 elif dt.kind == "b":

@@ -53,6 +53,33 @@ def test_npz_multi_input_with_labels(tmp_path):
     assert got[0][0]["a"].dtype == np.float32
 
 
+def test_npz_input_without_a_batch_axis_is_fed_whole(tmp_path):
+    """A recurrent state (2, B, 128) beside an input (B, 576): its leading dimension is not the
+    batch, so each feed takes one row of its array whole (Silero VAD's state, an LSTM's h/c)."""
+    rng = np.random.default_rng(0)
+    x, state = rng.random((5, 1, 576), np.float32), rng.random((5, 2, 1, 128), np.float32)
+    np.savez(tmp_path / "c.npz", input=x, state=state)
+    ds = open_dataset(tmp_path / "c.npz", [("input", (1, 576), "float32"), ("state", (2, 1, 128), "float32")])
+    feeds = list(ds)
+    assert ds.num_samples == 5 and len(feeds) == 5
+    for k, f in enumerate(feeds):
+        assert np.array_equal(f["input"], x[k]) and np.array_equal(f["state"], state[k])
+    # a batch of 8 chunks (the sequence model): 3 feeds = 24 samples; h and c one row per feed
+    seq, h = rng.random((3, 8, 576), np.float32), rng.random((3, 1, 1, 128), np.float32)
+    np.savez(tmp_path / "s.npz", input=seq, h=h, c=h + 1)
+    specs = [("input", (8, 576), "float32"), ("h", (1, 1, 128), "float32"), ("c", (1, 1, 128), "float32")]
+    ds = open_dataset(tmp_path / "s.npz", specs, batch=8)
+    feeds = list(ds)
+    assert ds.num_samples == 24 and len(feeds) == 3
+    for k, f in enumerate(feeds):
+        assert np.array_equal(f["input"], seq[k]) and np.array_equal(f["h"], h[k]) and np.array_equal(f["c"], h[k] + 1)
+    np.savez(tmp_path / "bad.npz", input=seq, h=h[:, 0], c=h)
+    with pytest.raises(UserError, match=r"takes \[1, 1, 128\] whole in each feed"):
+        open_dataset(tmp_path / "bad.npz", specs, batch=8)
+    feed = next(iter(random_dataset(specs, 4, batch=8)))
+    assert feed["input"].shape == (4, 576) and feed["h"].shape == (1, 1, 128)
+
+
 def test_npz_single_unnamed_array(tmp_path):
     np.savez(tmp_path / "d.npz", np.ones((3, 3, 8, 8), np.float32))
     assert [f["x"].shape for f in open_dataset(tmp_path / "d.npz", X)] == [(1, 3, 8, 8)] * 3
