@@ -8,13 +8,24 @@ rows. A non-constant right-hand side (attention) takes the batched-matmul path.
 from __future__ import annotations
 
 import numpy as np
-from tvm import te
+from tvm import te, tirx
 
+from ..target import Family
 from .conv import pick_block
 from .elementwise import activation
 from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, divisor_at_most, linearize, unravel
 
 F32 = "float32"
+ROW_TILE = 8               # rows of a dense layer's register tile (x86/ARM)
+
+
+def _padded(ctx, n: int, tile: int) -> int:
+    """``n`` rounded up to a multiple of ``tile`` when ``n`` has no divisor of at least half the
+    tile (a sequence length of 197 has none): the extra rows or columns repeat the last one and are
+    cut off by the kernel's view, so the register tile stays whole. CUDA (dlight) keeps ``n``."""
+    if ctx.spec.family is Family.CUDA or n <= tile or divisor_at_most(n, tile) * 2 >= tile:
+        return n
+    return -(-n // tile) * tile
 
 
 def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
@@ -22,6 +33,7 @@ def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
     ``out_shape``. N is padded up to a multiple of the vector width (zero weight columns) when it
     has no power-of-two factor that large; the padding is cut off by the view."""
     m = a2.shape[0]
+    mpad = _padded(ctx, m, ROW_TILE)
     n = wmat.shape[1]
     bn = pick_block(n, ctx.vw)
     if bn < ctx.vw and n > ctx.vw:
@@ -33,10 +45,11 @@ def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
         wmat = np.concatenate([wmat, np.zeros((k, npad - n), wmat.dtype)], axis=1)
     wp = ctx.param(np.ascontiguousarray(wmat.reshape(k, npad // bn, bn).transpose(1, 0, 2)), "w_dense")
     rk = te.reduce_axis((0, k), "rk")
-    d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
-        a2.at((i, rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
-    ctx.schedule("dense", mb=divisor_at_most(m, 8))
-    if npad == n:
+    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+    d = compute((mpad, npad // bn, bn), lambda i, no, ni: te.sum(
+        a2.at((row(i), rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
+    ctx.schedule("dense", mb=divisor_at_most(mpad, ROW_TILE))
+    if npad == n and mpad == m:
         return Buf(d, out_shape, F32)
     rows = int(np.prod(out_shape[:-1]))
     return Lazy(out_shape, F32, lambda idx: d[linearize(idx[:-1], out_shape[:-1]) if rows > 1 else 0,
@@ -102,14 +115,28 @@ def matmul(ctx, a, ins, outs):
     A2 = A if A.rank > 1 else Lazy(a_sh, A.dtype, lambda idx: A.at((idx[-1],)))
     B2 = B if B.rank > 1 else Lazy(b_sh, B.dtype, lambda idx: B.at((idx[-2],)))
     full = tuple(np.broadcast_shapes(a_sh[:-2], b_sh[:-2])) + (a_sh[-2], b_sh[-1])
-    k = a_sh[-1]
+    k, m, n = a_sh[-1], full[-2], full[-1]
+    vw, cpu = ctx.vw, ctx.spec.family is not Family.CUDA and tuple(out_shape) == full
+    # x86/ARM: a register tile of ROW_TILE rows x whole vectors. Columns that are more than a
+    # vector and not whole vectors (attention's 197 keys) read B from a zero-padded copy, which
+    # keeps the vector loads contiguous (the schedule would otherwise fall back to scalar code);
+    # rows without a divisor near the tile repeat the last row. The view cuts both off.
+    npad = -(-n // vw) * vw if cpu and n > vw and n % vw else n
+    mpad = _padded(ctx, m, ROW_TILE) if cpu and (npad % vw == 0 or npad <= vw) else m
+    if npad != n:
+        bshape = b_sh[:-1] + (npad,)
+        B2 = Buf(compute(bshape, lambda *idx: tirx.if_then_else(
+            idx[-1] < n, B2.at(idx[:-1] + (tirx.min(idx[-1], n - 1),)), const(0.0, F32)), name="bpad"), bshape, F32)
+    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
     rk = te.reduce_axis((0, k), "rk")
 
     def body(*idx):
         batch, i, j = idx[:-2], idx[-2], idx[-1]
-        ai = broadcast_index(batch, a_sh[:-2]) + (i, rk)
+        ai = broadcast_index(batch, a_sh[:-2]) + (row(i), rk)
         bi = broadcast_index(batch, b_sh[:-2]) + (rk, j)
         return te.sum(A2.at(ai) * B2.at(bi), axis=[rk])
-    d = compute(full, body, name="matmul")
-    ctx.schedule("matmul")
-    return [Buf(d, out_shape, F32)]
+    d = compute(full[:-2] + (mpad, npad), body, name="matmul")
+    ctx.schedule("matmul", mb=divisor_at_most(mpad, ROW_TILE) if cpu else 1)
+    if npad == n and mpad == m:
+        return [Buf(d, out_shape, F32)]
+    return [Lazy(out_shape, F32, lambda idx: d[tuple(idx)])]

@@ -441,24 +441,34 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     sch.tensorize(ni, intrin)
 
 
-def matmul(sch, vw):
+def matmul(sch, vw, mb=1):
+    """Batched matmul: rows (batch x M / mb) parallel; a register tile of ``mb`` rows (unrolled)
+    x one vector of columns accumulates over K; a B padding stage ("bpad"), if any, computed
+    whole before it."""
     blk = sch.get_sblock("matmul")
     loops = sch.get_loops(blk)
-    *spatial, j, rk = loops
+    *spatial, i, j, rk = loops
     nj = _extent(sch, j)
     b = vw if nj % vw == 0 else (nj if nj <= vw else 1)
-    rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    mb = mb if b > 1 else 1
+    io, ii = sch.split(i, [None, mb]) if mb > 1 else (i, None)
+    rows = sch.fuse(*spatial, io) if spatial else io
     if _extent(sch, rows) > 1:
         threads.parallel(sch, rows)
     if b > 1:
         jo, ji = sch.split(j, [None, b])
-        sch.reorder(rows, jo, rk, ji)
+        sch.reorder(rows, jo, rk, *([ii] if ii is not None else []), ji)
         acc = sch.cache_write(blk, 0, ACC_SCOPE)
         sch.reverse_compute_at(acc, jo, preserve_unit_loops=True)
-        _vectorize_inner(sch, acc, 2)
+        _vectorize_inner(sch, acc, 1)
         sch.vectorize(ji)
+        if ii is not None:
+            sch.unroll(ii)
         init = sch.decompose_reduction(blk, rk)
         sch.vectorize(sch.get_loops(init)[-1])
+    pad = _block(sch, "bpad")
+    if pad is not None:
+        _spatial_nest(sch, pad, vw)
     out = _block(sch, "out")
     if out is not None:
         _spatial_nest(sch, out, vw)
