@@ -3,6 +3,7 @@
     python bench/zoo.py                                  # all models (~1-2 h on 2 cores)
     python bench/zoo.py --models resnet18,deit_tiny      # some of them
     python bench/zoo.py --group torch --json zoo.json    # one group; also write the rows as JSON
+    python bench/zoo.py --fp32-only --models vit-s16     # fp32 columns only (no int8 builds)
 
 Per model, on the same calibration feeds (``--calib`` samples of the zoo's data, seed 0) and
 separate evaluation feeds (``--eval`` samples, seed 1):
@@ -45,17 +46,19 @@ from zoo.harness import build, max_rel_error  # noqa: E402
 from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
-def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:
+def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int,
+                int8: bool = True) -> dict:
     row: dict = {"model": m.name, "group": m.group}
     try:
-        return _bench_model(m, row, tmp, calib_n, eval_n, rounds, iters, threads)
+        return _bench_model(m, row, tmp, calib_n, eval_n, rounds, iters, threads, int8)
     except Exception as e:                       # noqa: BLE001 - a row per model, whatever failed
         msg = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
         row["failed"] = f"{row.pop('_stage', 'run')}: {type(e).__name__}: {msg}"
         return row
 
 
-def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int) -> dict:
+def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int,
+                 int8: bool = True) -> dict:
     import tvm
     row["_stage"] = "export"
     if True:
@@ -64,32 +67,38 @@ def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int
         row["_stage"] = "fp32"
         ours32 = build(m, "fp32", tmp / f"{m.name}.fp32")
         row["compile_fp32_s"] = ours32.seconds
-        row["_stage"] = "int8"
-        ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=calib)
-        row["compile_int8_s"] = ours8.seconds
-        row["_stage"] = "ort-int8"
-        ort_q_path = zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
+        if int8:
+            row["_stage"] = "int8"
+            ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=calib)
+            row["compile_int8_s"] = ours8.seconds
+            row["_stage"] = "ort-int8"
+            ort_q_path = zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
     row["_stage"] = "run"
-    ort32, ort8 = zoo.ort_session(path, threads), zoo.ort_session(ort_q_path, threads)
+    ort32 = zoo.ort_session(path, threads)
+    ort8 = zoo.ort_session(ort_q_path, threads) if int8 else None
     refs, mine32, mine8, theirs8 = [], [], [], []
     for f in evals:
         of = m.ort_feeds(f)
         refs += ort32.run(None, of)
-        theirs8 += ort8.run(None, of)
         mine32 += ours32(f)
-        mine8 += ours8(f)
+        if int8:
+            theirs8 += ort8.run(None, of)
+            mine8 += ours8(f)
     row["fp32_max_err"] = max_rel_error(refs, mine32)
-    row["ours_int8_db"] = zoo.sqnr_db(refs, mine8)
-    row["ort_int8_db"] = zoo.sqnr_db(refs, theirs8)
+    if int8:
+        row["ours_int8_db"] = zoo.sqnr_db(refs, mine8)
+        row["ort_int8_db"] = zoo.sqnr_db(refs, theirs8)
 
     f0, of0 = evals[0], m.ort_feeds(evals[0])
-    names = [s.name for s in ours8.model.inputs]
-    a8 = [tvm.runtime.tensor(np.ascontiguousarray(f0[k])) for k in names]
     names32 = [s.name for s in ours32.model.inputs]
     a32 = [tvm.runtime.tensor(np.ascontiguousarray(f0[k])) for k in names32]
-    main8, main32 = ours8.model._main, ours32.model._main
-    runs = {"ours_int8": lambda: main8(*a8), "ours_fp32": lambda: main32(*a32),
-            "ort_int8": lambda: ort8.run(None, of0), "ort_fp32": lambda: ort32.run(None, of0)}
+    main32 = ours32.model._main
+    runs = {"ours_fp32": lambda: main32(*a32), "ort_fp32": lambda: ort32.run(None, of0)}
+    if int8:
+        a8 = [tvm.runtime.tensor(np.ascontiguousarray(f0[s.name])) for s in ours8.model.inputs]
+        main8 = ours8.model._main
+        runs = {"ours_int8": lambda: main8(*a8), **runs, "ort_int8": lambda: ort8.run(None, of0)}
+        runs = {k: runs[k] for k in ("ours_int8", "ours_fp32", "ort_int8", "ort_fp32")}
     for fn in runs.values():                     # warm up
         for _ in range(3):
             fn()
@@ -99,8 +108,9 @@ def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int
             times[k].append(_median_ms(fn, iters))
     row.update({f"{k}_ms": float(np.median(v)) for k, v in times.items()})
     row["fp32_ratio"] = row["ours_fp32_ms"] / row["ort_fp32_ms"]
-    row["int8_ratio"] = row["ours_int8_ms"] / row["ort_int8_ms"]
-    row["int8_vs_fp32"] = row["ours_int8_ms"] / row["ours_fp32_ms"]
+    if int8:
+        row["int8_ratio"] = row["ours_int8_ms"] / row["ort_int8_ms"]
+        row["int8_vs_fp32"] = row["ours_int8_ms"] / row["ours_fp32_ms"]
     del row["_stage"]
     return row
 
@@ -108,6 +118,10 @@ def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int
 def _fmt(row: dict) -> str:
     if "failed" in row:
         return f"{row['model']:<30} FAILED {row['failed']}"
+    if "int8_ratio" not in row:
+        return (f"{row['model']:<30} {row['compile_fp32_s']:5.1f}     -  "
+                f"{row['ours_fp32_ms']:8.2f} {row['ort_fp32_ms']:8.2f} {row['fp32_ratio']:5.2f}  "
+                f"{'-':>8} {'-':>8} {'-':>5}  {'-':>5}  {'-':>6} {'-':>6}  {row['fp32_max_err']:.1e}")
     return (f"{row['model']:<30} {row['compile_fp32_s']:5.1f} {row['compile_int8_s']:5.1f}  "
             f"{row['ours_fp32_ms']:8.2f} {row['ort_fp32_ms']:8.2f} {row['fp32_ratio']:5.2f}  "
             f"{row['ours_int8_ms']:8.2f} {row['ort_int8_ms']:8.2f} {row['int8_ratio']:5.2f}  "
@@ -133,6 +147,8 @@ def summary(rows: list[dict]) -> list[str]:
                      ("int8_vs_fp32", "int8/fp32 ours")):
         worst = max(ok, key=lambda r: r[k])
         out.append(f"{label:<20} geomean {gm(k):5.2f}  worst {worst[k]:5.2f} ({worst['model']})")
+        if "int8_ratio" not in ok[0]:
+            return out
     margin = min(ok, key=lambda r: r["ours_int8_db"] - r["ort_int8_db"])
     below = [r["model"] for r in ok if r["ours_int8_db"] < r["ort_int8_db"]]
     out.append(f"{'int8 SQNR ours-ORT':<20} worst {margin['ours_int8_db'] - margin['ort_int8_db']:+5.1f} dB "
@@ -153,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--fp32-only", action="store_true", help="fp32 builds only: no int8 builds, no ORT quantization")
     a = ap.parse_args(argv)
     want = [s for s in a.models.split(",") if s]
     ms = [m for m in zoo.models(a.group) if not want or m.name in want]
@@ -164,7 +181,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="zoo_bench_") as tmp:
         for m in ms:
-            row = bench_model(m, Path(tmp), a.calib, a.eval, a.rounds, a.iters, a.threads)
+            row = bench_model(m, Path(tmp), a.calib, a.eval, a.rounds, a.iters, a.threads, int8=not a.fp32_only)
             rows.append(row)
             print(_fmt(row), flush=True)
             for p in Path(tmp).glob(f"{m.name}*"):          # keep the disk small
