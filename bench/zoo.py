@@ -93,12 +93,15 @@ def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int
     names32 = [s.name for s in ours32.model.inputs]
     a32 = [tvm.runtime.tensor(np.ascontiguousarray(f0[k])) for k in names32]
     main32 = ours32.model._main
-    runs = {"ours_fp32": lambda: main32(*a32), "ort_fp32": lambda: ort32.run(None, of0)}
+    runs = {}
     if int8:
         a8 = [tvm.runtime.tensor(np.ascontiguousarray(f0[s.name])) for s in ours8.model.inputs]
         main8 = ours8.model._main
-        runs = {"ours_int8": lambda: main8(*a8), **runs, "ort_int8": lambda: ort8.run(None, of0)}
-        runs = {k: runs[k] for k in ("ours_int8", "ours_fp32", "ort_int8", "ort_fp32")}
+        runs["ours_int8"] = lambda: main8(*a8)
+    runs["ours_fp32"] = lambda: main32(*a32)
+    if int8:
+        runs["ort_int8"] = lambda: ort8.run(None, of0)
+    runs["ort_fp32"] = lambda: ort32.run(None, of0)
     for fn in runs.values():                     # warm up
         for _ in range(3):
             fn()
@@ -143,12 +146,13 @@ def summary(rows: list[dict]) -> list[str]:
     def gm(k):
         return float(np.exp(np.mean([np.log(r[k]) for r in ok])))
 
-    for k, label in (("fp32_ratio", "fp32 ours/ORT"), ("int8_ratio", "int8 ours/ORT int8"),
-                     ("int8_vs_fp32", "int8/fp32 ours")):
+    int8 = "int8_ratio" in ok[0]                 # not with --fp32-only
+    ratios = (("fp32_ratio", "fp32 ours/ORT"), ("int8_ratio", "int8 ours/ORT int8"), ("int8_vs_fp32", "int8/fp32 ours"))
+    for k, label in ratios if int8 else ratios[:1]:
         worst = max(ok, key=lambda r: r[k])
         out.append(f"{label:<20} geomean {gm(k):5.2f}  worst {worst[k]:5.2f} ({worst['model']})")
-        if "int8_ratio" not in ok[0]:
-            return out
+    if not int8:
+        return out
     margin = min(ok, key=lambda r: r["ours_int8_db"] - r["ort_int8_db"])
     below = [r["model"] for r in ok if r["ours_int8_db"] < r["ort_int8_db"]]
     out.append(f"{'int8 SQNR ours-ORT':<20} worst {margin['ours_int8_db'] - margin['ort_int8_db']:+5.1f} dB "

@@ -60,7 +60,7 @@ class BudgetOptions:
 
     @property
     def budgeted(self) -> bool:
-        return self.min_sqnr is not None or self.max_accuracy_drop is not None
+        return self.budget is not None
 
     @property
     def active(self) -> bool:

@@ -22,8 +22,8 @@ A sample of input ``(B, *S)`` has shape ``S``; arrays of shape ``(N, *S)`` or ``
 accepted. Feeds hold ``batch`` samples (the last one may hold fewer). An input whose leading
 dimension is not the model's batch (the first input's leading dimension), such as a recurrent
 state ``(2, B, 128)`` or an LSTM's ``(layers, B, hidden)``, has no sample axis of its own: each feed
-takes it whole, so its array holds one ``(N, *shape)`` row per feed (N feeds = N x batch samples). Every problem with the data
-is a :class:`~qcompiler.errors.UserError` naming the file: wrong shape or dtype, NaN/Inf, an empty
+takes it whole, so its array holds one ``(N, *shape)`` row per feed (N feeds = N x batch samples).
+Every problem with the data is a :class:`~qcompiler.errors.UserError` naming the file: wrong shape or dtype, NaN/Inf, an empty
 folder, an unreadable image, no samples, a missing input.
 """
 from __future__ import annotations
@@ -275,11 +275,11 @@ def _check_array_header(name: str, shape: tuple[int, ...], dtype: np.dtype, spec
             raise UserError(f"{what} has shape {list(shape)} but model input '{spec.name}' takes {list(spec.shape)} "
                             f"whole in each feed (its leading dimension is not the batch, {batch})", where,
                             f"save one row per feed: an array of shape (N, {', '.join(map(str, spec.shape))})")
-        n, want = shape[0] * batch, spec.shape
+        n, rows, want = shape[0] * batch, shape[0], spec.shape
     elif spec.shape and tuple(shape[1:]) == want:
-        n = shape[0]
+        n = rows = shape[0]
     elif spec.shape and tuple(shape[1:]) == spec.shape:
-        n = shape[0] * spec.shape[0]
+        n = rows = shape[0] * spec.shape[0]
     else:
         raise UserError(f"{what} has shape {list(shape)} but model input '{spec.name}' takes {list(spec.shape)}, "
                         f"so one sample is {list(want)}", where,
@@ -288,7 +288,7 @@ def _check_array_header(name: str, shape: tuple[int, ...], dtype: np.dtype, spec
     if dtype.kind == "f" and target.kind in "iub" or dtype.kind == "b" and target.kind != "b":
         raise UserError(f"{what} holds {dtype} data but model input '{spec.name}' takes {target}", where,
                         f"save the data as {target}")
-    return n, (shape[0] if batch and spec.per_feed(batch) else n,) + want
+    return n, (rows,) + want
 
 
 def _check_finite(a: np.ndarray, name: str, offset: int, where: str) -> None:
