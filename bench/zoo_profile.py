@@ -1,10 +1,10 @@
 """Where a zoo model's time goes: our artifact's kernels, slowest first, beside ONNX Runtime's ops.
 
     python bench/zoo_profile.py mtcnn-onet                 # fp32
-    python bench/zoo_profile.py resnet18 --dtype int8      # int8 (16 calibration feeds)
+    python bench/zoo_profile.py smart-turn-v3.2 --dtype int8   # a pre-quantized model's int8 build
     python bench/zoo_profile.py mobilenet_v3_large --top 30
 
-Ours: every kernel of the default fp32 build timed alone (TVM's time_evaluator; TVM 0.27's Relax
+Ours: every kernel of the default fp32 build (int8: a QDQ model's fold-qdq build) timed alone (TVM's time_evaluator; TVM 0.27's Relax
 VM has no profiler), with the IR ops fused into it and its output shape. ORT:
 its own profiler (``enable_profiling``), per node type and per node, the median over the same
 number of runs, 2 threads each (TVM_NUM_THREADS=2, ORT intra_op_num_threads=2).
@@ -37,12 +37,13 @@ def ours(m, dtype: str) -> list[tuple[str, float]]:
     from qcompiler.frontend.onnx_import import import_onnx
     from qcompiler.passes import run_passes
     from qcompiler.plan.layer_cost import time_each_kernel
-    if dtype != "fp32":
-        raise SystemExit("zoo_profile: --dtype int8 is not wired yet (the quantize pass needs calibration here)")
     g = import_onnx(str(m.path()), m.input_shapes, input_values=m.input_values or None)
-    run_passes(g, "default")
+    if dtype != "fp32" and not g.meta.get("prequantized"):
+        raise SystemExit("zoo_profile: --dtype int8 is wired for pre-quantized (QDQ) models only (the quantize "
+                         "pass needs calibration here)")
+    run_passes(g, "default,fold-qdq" if dtype == "int8" else "default")
     rows = []
-    for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype="fp32")):
+    for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype=dtype)):
         kinds = "+".join(op.kind for op in members)
         rows.append((f"{name} [{kinds}] {tuple(members[-1].result.shape) if members[-1].results else ''}", ms))
     return sorted(rows, key=lambda kv: -kv[1])

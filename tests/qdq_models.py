@@ -103,3 +103,27 @@ def cases():
         "uint8_input_dequantize": uint8_input_dequantize(),
     }
     return {k: (m, _feeds(m)) for k, m in ms.items()}
+
+
+def ort_quantize_static(src: str, feeds: list[dict], out, qoperator: bool = False) -> str:
+    """ONNX Runtime's own static quantization of the float model ``src`` on ``feeds``: quant_pre_process,
+    then quantize_static (QDQ, or QOperator with ``qoperator``; per-channel int8 weights, uint8
+    activations, MinMax); returns ``out``."""
+    from pathlib import Path
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    out = Path(out)
+    pre = out.with_name(out.stem + ".pre.onnx")
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+    fmt = QuantFormat.QOperator if qoperator else QuantFormat.QDQ
+    quantize_static(str(pre), str(out), Reader(), quant_format=fmt, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return str(out)

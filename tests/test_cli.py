@@ -3,6 +3,7 @@ stderr with exit code 2 — no traceback, no output written, nothing the user ga
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -259,6 +260,67 @@ def test_int8_without_calibration_data_is_refused(tmp_path, capsys):
     code, _, err = run(capsys, FASHION, "--dtype", "int8", "-o", str(tmp_path / "a"))
     assert code == 2 and "quantization needs calibration data" in err
     assert not (tmp_path / "a").exists()
+
+
+def _qdq_file(tmp_path):
+    from qdq_models import qdq_conv
+    p = tmp_path / "qdq_conv.onnx"
+    onnx.save(qdq_conv(), str(p))            # (each call draws another bias)
+    return p
+
+
+def test_a_prequantized_model_builds_int8_by_default_and_fp32_on_request(tmp_path, capsys):
+    """No --dtype: a QDQ model is built int8 with its own scales (fold-qdq; no --calib); --dtype fp32
+    computes its quantization in float kernels. Both within one output step (0.1) of ONNX Runtime."""
+    import qcompiler
+    from qdq_models import X, ort_plain
+    p = _qdq_file(tmp_path)
+    (ref,) = ort_plain(onnx.load(str(p)), {"x": X})
+    for dtype, flags in (("int8", []), ("fp32", ["--dtype", "fp32"])):
+        out = tmp_path / dtype
+        code, _, err = run(capsys, str(p), "-o", str(out), "-q", *flags)
+        assert code == 0, err
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["target"]["dtype"] == dtype
+        rep = json.loads((out / "report.json").read_text())
+        assert (rep.get("quantized_layers", 0) >= 1) == (dtype == "int8")
+        got = qcompiler.load(str(out))(X)[0]
+        assert np.abs(got - ref).max() <= 0.1 + 1e-6
+
+
+@pytest.mark.parametrize("flag", [["--min-sqnr", "30"], ["--keep-float", "Conv"], ["--equalize"],
+                                  ["--sparsity", "0.5"]])
+def test_options_that_requantize_a_prequantized_model_are_refused(tmp_path, capsys, flag):
+    code, _, err = run(capsys, str(_qdq_file(tmp_path)), "-o", str(tmp_path / "o"), *flag)
+    assert code == 2 and "arrives quantized" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_requantize_calibrates_a_qdq_model_afresh(tmp_path, capsys):
+    """--requantize: the QAT model's own Q/DQ dropped (each a Clip to its range), calibrated on 200
+    images with our recipe; top-1 on 300 others within 1 point of ONNX Runtime on the QAT file."""
+    import qcompiler
+    qat = os.path.join(ROOT, "models", "fashion_mobilenet_qat.onnx")
+    out = tmp_path / "rq"
+    code, _, err = run(capsys, qat, "--requantize", "--calib", FASHION_DATA, "--calib-samples", "200", "-o", str(out),
+                       "-q")
+    assert code == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["calibration"]["samples"] == 200 and rep["quantized_layers"] >= 31
+    d = np.load(FASHION_DATA)
+    x, y = d["x"][700:], d["y"][700:]
+    got = np.concatenate([qcompiler.load(str(out))(x[i:i + 1])[0] for i in range(len(x))])
+    sess = rm.ort_session(qat)
+    ref = np.concatenate([sess.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
+    assert (got.argmax(1) == y).mean() >= (ref.argmax(1) == y).mean() - 0.01
+
+
+@pytest.mark.parametrize("argv,words", [(["--requantize", "--calib", FASHION_DATA], "the model is float"),
+                                        (["--requantize"], "needs --dtype int8 and --calib")])
+def test_requantize_misuse_is_one_line(tmp_path, capsys, argv, words):
+    model = FASHION if "--calib" in argv else os.path.join(ROOT, "models", "fashion_mobilenet_qat.onnx")
+    code, _, err = run(capsys, model, *argv, "-o", str(tmp_path / "o"))
+    assert code == 2 and words in err and err.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
 # ---- calibration data: every problem is one line and exit code 2 (issue #5) ---------------------------

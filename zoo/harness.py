@@ -29,9 +29,11 @@ class Build:
         return self.model(**feed)
 
 
-def cli_args(m: ZooModel, dtype: str, out: Path, calib_npz: Path | None = None) -> list[str]:
-    """The qcompile command line for ``m`` (after ``qcompile``)."""
-    args = [str(m.path()), "--target", "x86", "--dtype", dtype, "-o", str(out), "-q"]
+def cli_args(m: ZooModel, dtype: str, out: Path, calib_npz: Path | None = None,
+             path: Path | None = None) -> list[str]:
+    """The qcompile command line for ``m`` (after ``qcompile``); ``path``: another file of the same
+    model (its QDQ form) in place of ``m.path()``."""
+    args = [str(path or m.path()), "--target", "x86", "--dtype", dtype, "-o", str(out), "-q"]
     for k, shape in m.input_shapes.items():
         args += ["--input-shape", f"{k}={'x'.join(map(str, shape))}"]
     for k, v in m.values.items():
@@ -48,25 +50,27 @@ def save_calib(feeds: list[dict], path: Path) -> Path:
     return path
 
 
-def options(m: ZooModel, dtype: str, calib_npz: Path | None = None):
-    """(ModelSource, CompileOptions) of ``m``: x86, the CLI's defaults, calibration without a report
-    evaluation (``cli_args`` gives the same build as a command line)."""
+def options(m: ZooModel, dtype: str, calib_npz: Path | None = None, path: Path | None = None):
+    """(ModelSource, CompileOptions) of ``m`` (or of ``path``, another file of it): x86, the CLI's
+    defaults, calibration without a report evaluation (``cli_args`` gives the same build as a
+    command line)."""
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.driver import CalibOptions, CompileOptions, ModelSource
-    src = ModelSource(str(m.path()), m.input_shapes, m.input_values)
+    src = ModelSource(str(path or m.path()), m.input_shapes, m.input_values)
     calib = CalibOptions(source=str(calib_npz), eval_samples=0) if calib_npz is not None else CalibOptions()
     return src, CompileOptions(target=TargetSpec("x86", dtype=dtype), calib=calib, quiet=True)
 
 
-def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None) -> Build:
-    """Compile ``m`` with :func:`qcompiler.driver.compile`; raises RuntimeError with the error's
-    message (and the equivalent command line) if it fails."""
+def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None, path: Path | None = None) -> Build:
+    """Compile ``m`` (``path``: another file of it, e.g. its QDQ form) with
+    :func:`qcompiler.driver.compile`; raises RuntimeError with the error's message (and the
+    equivalent command line) if it fails. A pre-quantized file needs no ``calib`` for int8."""
     import warnings
 
     from qcompiler.driver import compile
     out = Path(out)
     npz = save_calib(calib, out.with_name(out.name + ".calib.npz")) if calib else None
-    src, opts = options(m, dtype, npz)
+    src, opts = options(m, dtype, npz, path)
     t = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -74,7 +78,7 @@ def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None) -
             compile(src, out, opts)
     except Exception as e:                       # noqa: BLE001 - the stage and message, as the CLI says it
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RuntimeError(f"qcompile {' '.join(cli_args(m, dtype, out, npz))}: {type(e).__name__}: {msg}") from e
+        raise RuntimeError(f"qcompile {' '.join(cli_args(m, dtype, out, npz, path))}: {type(e).__name__}: {msg}") from e
     return Build(out, time.perf_counter() - t)
 
 

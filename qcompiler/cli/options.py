@@ -43,7 +43,11 @@ def remote_options(args) -> RemoteOptions | None:
 def _target(args) -> TargetSpec:
     if getattr(args, "target", None) is None:          # inspect/convert: this host
         return TargetSpec("x86")
-    return TargetSpec(family=args.target, dtype=args.dtype, cpu=args.cpu,
+    dtype = args.dtype
+    if dtype is None:                                   # a pre-quantized model compiles as it is quantized
+        from ..frontend.onnx_qdq import is_prequantized
+        dtype = "int8" if getattr(args, "requantize", False) or is_prequantized(args.model) else "fp32"
+    return TargetSpec(family=args.target, dtype=dtype, cpu=args.cpu,
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
                       features=tuple(f.strip() for f in args.features.split(",") if f.strip()),
                       float_dtype=args.float_dtype, debug_layers=args.debug_layers)
@@ -62,7 +66,8 @@ def compile_options(args) -> CompileOptions:
         calib=CalibOptions(source=args.calib, samples=args.calib_samples, method=args.calib_method,
                            percentile=args.percentile, per_tensor=args.per_tensor, preprocess=args.preprocess,
                            eval_samples=args.eval_samples, eval_path=args.eval, equalize=args.equalize,
-                           bias_correction=BiasCorrection(args.bias_correction) if args.bias_correction else None),
+                           bias_correction=BiasCorrection(args.bias_correction) if args.bias_correction else None,
+                           requantize=getattr(args, "requantize", False)),
         budget=BudgetOptions(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                              args.sensitivity, args.sensitivity_samples, args.budget_confidence,
                              getattr(args, "layer_costs", "off")),

@@ -63,6 +63,8 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
                    help="cross-layer range equalization (default: on with --per-tensor)")
     q.add_argument("--bias-correction", default=None, choices=("none", "analytic", "empirical"),
                    help="correct the int8 weights' mean output shift (default empirical)")
+    q.add_argument("--requantize", action="store_true",
+                   help="a pre-quantized (QDQ) model: drop its own quantization and calibrate it afresh on --calib")
     m = p.add_argument_group("mixed precision (which layers stay float)")
     m.add_argument("--keep-float", action="append", default=[], metavar="NAME|op:TYPE",
                    help="keep this op, or every op of a type, in float (repeatable)")
@@ -111,8 +113,9 @@ def _compile_parser(sub) -> None:
                        "report.json) that runs with the TVM runtime alone.")
     c.add_argument("model", help="the ONNX model file")
     c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (x86)")
-    c.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
-                   help="precision (fp32); int8 needs --calib; bf16: cuda only")
+    c.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16", "int8"),
+                   help="precision (fp32; int8 for a pre-quantized QDQ model); int8 needs --calib unless the "
+                        "model is pre-quantized; bf16: cuda only")
     c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact folder to write")
     t = c.add_argument_group("target details")
     t.add_argument("--cpu", default=None, help="LLVM CPU name (x86: the host's; arm: e.g. cortex-a76)")

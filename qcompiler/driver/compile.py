@@ -88,6 +88,24 @@ def _check_before_work(model, output: str, opts: CompileOptions) -> None:
         check_output_path(opts.export_qdq, is_dir=False)
 
 
+def _dequantized_model(g: Graph) -> Graph:
+    """``--requantize``: the float model a QDQ model stands for (each activation Q/DQ pair a Clip to
+    its grid's range, weights dequantized: :func:`qcompiler.passes.fold_qdq.float_reference`),
+    to be calibrated afresh."""
+    from ..passes.fold_qdq import float_reference
+    if not g.meta.get("prequantized"):
+        raise UserError("the model is float: there is no quantization to re-calibrate", "--requantize",
+                        "drop --requantize: --dtype int8 --calib DATA quantizes a float model")
+    f = float_reference(g)
+    left = sorted({op.kind for op in f.ops if op.kind in ("QuantizeLinear", "DequantizeLinear", "ConvInteger",
+                                                          "MatMulInteger")})
+    if left:
+        raise UserError(f"only QDQ models can be re-calibrated; this one keeps {', '.join(left)} once its Q/DQ pairs "
+                        "are removed (dynamic int8 or integer ops)", "--requantize", "compile it as it is, without --requantize")
+    f.meta["prequantized"] = False
+    return f
+
+
 def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.PathLike,
             options: CompileOptions | None = None, *, log: Log | None = None) -> Artifact:
     """Compile ``model`` (an ONNX path, a :class:`ModelSource` or an IR graph, which is changed in
@@ -111,14 +129,19 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
     t0 = time.perf_counter()
     g = load_model(model) if isinstance(model, ModelSource) else model
     name = os.path.basename(model.path) if isinstance(model, ModelSource) else g.name
+    if opts.calib.requantize:
+        g = _dequantized_model(g)
     calib = evaluation = None
-    if opts.quantizing:                     # opened once; held-back data for the report; bad data fails early
+    prequantized = opts.quantizing and bool(g.meta.get("prequantized"))
+    if opts.quantizing and not (prequantized and opts.calib.source is None):
+        # opened once; held-back data for the report; bad data fails early (a QDQ model needs none)
         calib = CalibSource.open(opts.calib, g.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
         evaluation = calib.evaluation()
     ops_before, params_before = g.op_histogram(), g.param_count()
     # the model as given, for the report's output figures: the float passes need not preserve
     # results (relu6-to-relu under --equalize/--per-tensor, pruning, analytic bias correction)
-    given = g.clone() if evaluation is not None else None
+    # (a pre-quantized model's outputs are measured against the float model its Q/DQ stand for)
+    given = g.clone() if evaluation is not None and not prequantized else None
     pm = run_pipeline(g, opts, log, calib=calib, evaluation=evaluation, board=board)
     if opts.export_qdq:
         from ..frontend.qdq_export import save_qdq

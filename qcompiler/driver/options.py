@@ -62,6 +62,7 @@ class CalibOptions:
     eval_path: str | None = None             # ... or this data instead
     equalize: bool | None = None             # None: on with per-tensor weights, off per channel
     bias_correction: BiasCorrection | None = None   # None: empirical when quantizing
+    requantize: bool = False                 # a pre-quantized model: drop its Q/DQ, calibrate it afresh
 
     @property
     def is_random(self) -> bool:
@@ -135,6 +136,9 @@ class CompileOptions:
                             "--max-accuracy-drop with --layer-costs measure); this build measures nothing",
                             "--rpc-tracker", "add a budget, or run and time the artifact on the board with "
                             "`qcompile run OUT --input X --rpc-tracker HOST:PORT --rpc-key KEY`")
+        if cal.requantize and (spec.dtype != "int8" or cal.source is None):
+            raise UserError("re-calibrating a pre-quantized model needs --dtype int8 and --calib",
+                            "--requantize", "add --calib DATA (and --dtype int8), or drop --requantize")
         if spec.dtype != "int8" and cal.eval_path:
             raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval",
                             "add --dtype int8")

@@ -6,6 +6,9 @@ float, then quantization and the sparse weight encoding.
 Order (each step only where the options ask for it):
 ``<passes>`` → prune → (DFQ: relu6-to-relu, equalize, absorb-bias, bias-correct) → [layer costs,
 sensitivity, mixed-precision plan] → quantize → encode-sparse.
+
+A pre-quantized model (QDQ; ``graph.meta["prequantized"]``) built as int8 runs ``fold-qdq`` in
+place of quantize, with its own scales: no DFQ, no calibration, no budget.
 """
 from __future__ import annotations
 
@@ -57,6 +60,21 @@ def pass_list(opts: CompileOptions) -> str | None:
     return passes if "quantize" in passes.split(",") else passes + ",quantize"
 
 
+def _check_prequantized(opts: CompileOptions) -> None:
+    """The options an int8 build of a pre-quantized model cannot honour, refused with one line."""
+    c, b = opts.calib, opts.budget
+    given = [flag for flag, on in (("--min-sqnr/--max-accuracy-drop", b.budget is not None),
+                                   ("--keep-float", bool(b.keep_float)), ("--force-int8", bool(b.force_int8)),
+                                   ("--sensitivity", bool(b.sensitivity)), ("--equalize", bool(c.equalize)),
+                                   ("--bias-correction", c.bias_correction is not None),
+                                   ("--per-tensor", c.per_tensor), ("--sparsity", opts.sparsity.fraction is not None))
+             if on]
+    if given:
+        raise UserError(f"{given[0]} changes how a model is quantized, but this model arrives quantized (its own "
+                        "QuantizeLinear/DequantizeLinear) and is compiled with its own scales", given[0],
+                        "drop it, or compile the float model it came from")
+
+
 def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOptions:
     c = opts.calib
     return QuantizeOptions(method=c.method, percentile=c.percentile, per_channel=not c.per_tensor,
@@ -71,11 +89,15 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     ``calib``: the opened calibration source (opened here when quantizing without one);
     ``evaluation``: the report's held-back data; ``board``: a connected RPC board for layer costs."""
     pipeline = parse_pipeline(pass_list(opts))
+    prequantized = "quantize" in pipeline and bool(graph.meta.get("prequantized"))
+    if prequantized:
+        _check_prequantized(opts)
+        pipeline = ["fold-qdq" if p == "quantize" else p for p in pipeline]
     prune_opts = prune_options(opts.sparsity)
     if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
         pipeline.insert(pipeline.index("quantize") if "quantize" in pipeline else len(pipeline), "prune")
     quantizing = "quantize" in pipeline
-    if (quantizing or prune_opts is not None) and "encode-sparse" not in pipeline:
+    if (quantizing or prequantized or prune_opts is not None) and "encode-sparse" not in pipeline:
         pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
     c = opts.calib
     equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
@@ -93,6 +115,8 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     b.check()
     p = opts.pipeline
     pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
+    if prequantized:
+        ctx.options["quantize"] = quantize_options(opts, calib) if calib is not None else QuantizeOptions()
     if quantizing:                  # float passes, then which layers stay float, then quantize
         if calib is None:
             calib = CalibSource.open(c, graph.inputs, sensitivity_samples=b.sensitivity_samples)

@@ -33,11 +33,14 @@ class ReportFiles:
         quantized = spec.dtype == "int8" and is_quantized(g)
         if quantized:
             calib = pm.ctx.options["quantize"].calib
+            calibration = {"source": c.source, "samples": calib.num_samples if calib is not None
+                           else c.random_samples, "method": c.method}
+            if g.meta.get("prequantized"):       # fold-qdq: the model's own scales, nothing calibrated
+                calibration = {"source": "the model's own QuantizeLinear/DequantizeLinear", "samples": 0,
+                               "method": "given"}
             rep = report.build_report(
                 pm.ctx.data.get("quantize.float_graph"), g, evaluation, percentile=c.percentile,
-                model=name, target=spec.family, given=given,
-                calibration={"source": c.source, "samples": calib.num_samples if calib is not None
-                             else c.random_samples, "method": c.method})
+                model=name, target=spec.family, given=given, calibration=calibration)
             rep.update(data)
             rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
             if pm.ctx.data.get("layer_costs") is not None:        # per-layer ms, boundaries, slower-than-float

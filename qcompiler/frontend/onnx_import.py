@@ -37,7 +37,7 @@ def dtype_name(code: int) -> str:
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, live_nodes, load_model, node_inputs, node_label
-from . import onnx_control, onnx_ops, onnx_qdq, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
+from . import onnx_control, onnx_ops, onnx_qdq, onnx_qlinear, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
 from .onnx_control import bind_inputs
 from .onnx_registry import CONVERTERS
 
@@ -213,7 +213,9 @@ def _onnx_shape_inference(model, nodes, inputs, where) -> dict[str, tuple[str, t
     try:
         m = onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute) \
+                or any(n.domain not in ("", "ai.onnx") for n in nodes):
+            # (com.microsoft QOperator ops: ONNX has no schema to infer their outputs from)
             # ONNX's strict inference rejects If branches of different ranks (silero_vad's squeeze-or-not),
             # which the importer resolves by inlining the taken branch: cross-check what it can tell
             return _lenient_shape_inference(m)

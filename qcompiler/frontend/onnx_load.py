@@ -16,6 +16,11 @@ from onnx import TensorProto
 
 from ..errors import UserError
 
+MICROSOFT_OPS = frozenset({"QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSigmoid",
+                           "QLinearLeakyRelu", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul"})
+"""The com.microsoft operators the importer takes, ONNX Runtime's quantized ops
+(:mod:`.onnx_qlinear`); every other operator must be ai.onnx."""
+
 MIN_OPSET, MAX_OPSET = 11, 21
 _UPGRADE = ("re-export the model with opset >= 11, e.g. torch.onnx.export(..., opset_version=13), "
             "or convert it with onnx.version_converter.convert_version(model, 13)")
@@ -205,11 +210,13 @@ def check_graph(model: onnx.ModelProto, where: str) -> list[onnx.NodeProto]:
             define(v.name, f"graph input '{v.name}'")
     producer: dict[str, int] = {}
     for i, n in enumerate(gr.node):
-        if n.domain not in ("", "ai.onnx"):
+        microsoft = n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS
+        if n.domain not in ("", "ai.onnx") and not microsoft:
             raise UserError(f"operator '{n.domain}::{n.op_type}' is outside the standard ONNX domain",
                             f"{where}: node {node_label(n, i)}",
-                            "export with standard ai.onnx operators only, no custom or ML-domain ops")
-        if not onnx.defs.has(n.op_type):
+                            "export with standard ai.onnx operators only, no custom or ML-domain ops "
+                            f"(of com.microsoft, qcompiler imports {', '.join(sorted(MICROSOFT_OPS))})")
+        if not microsoft and not onnx.defs.has(n.op_type):
             raise UserError(f"unknown ONNX operator '{n.op_type}'", f"{where}: node {node_label(n, i)}",
                             "export with standard ai.onnx operators only")
         for o in n.output:

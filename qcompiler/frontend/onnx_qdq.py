@@ -39,9 +39,26 @@ from .onnx_ops import conv_window
 from .onnx_registry import converter, opt_input
 
 PREQUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
-                          "MatMulInteger"})
-"""A model with these is pre-quantized: ``graph.meta["prequantized"]``; the quantize pass (``--dtype
-int8``) refuses it with one line until issue #35 maps its Q/DQ pairs onto the integer kernels."""
+                          "MatMulInteger", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
+                          "QLinearGlobalAveragePool", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+                          "QGemm", "DynamicQuantizeMatMul"})
+"""A model with these is pre-quantized: ``graph.meta["prequantized"]``. Its int8 build (qcompile's
+default for it) runs the fold-qdq pass instead of quantize: the Q/DQ groups become integer ops with
+the model's own scales (:mod:`qcompiler.passes.fold_qdq`)."""
+
+
+def is_prequantized(path: str) -> bool:
+    """Whether the ONNX file at ``path`` is a pre-quantized model (any node of :data:`PREQUANTIZED`
+    in its main graph); read without its external data. False for a file ONNX cannot parse (the
+    import then says why)."""
+    import onnx
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:                 # noqa: BLE001 -- the importer reports a bad file with one line
+        return False
+    return any(n.op_type in PREQUANTIZED for n in model.graph.node)
+
+
 _STORAGE = ("uint8", "int8", "uint16", "int16")       # QuantizeLinear outputs the IR can hold
 _ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 
@@ -71,9 +88,12 @@ def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
                      "quantize per tensor or per axis")
     scale = b.need_const(n, 1, "the scale")
     zp = b.need_const(n, 2, "the zero point") if opt_input(n, 2) else None
+    return _params(b, n, scale, zp, _storage(b, n, a, zp, dq), shape, int(a.get("axis", 1)))
+
+
+def _params(b, n, scale: np.ndarray, zp: np.ndarray | None, storage: str, shape, ax: int) -> QuantParams:
     if scale.dtype != np.float32:
         raise b.fail(n, f"has a {scale.dtype} scale", "qcompiler imports float32 quantization scales")
-    storage = _storage(b, n, a, zp, dq)
     s = scale.reshape(-1)
     z = zp.reshape(-1).astype(np.int64) if zp is not None else np.zeros(s.size, np.int64)
     if z.size != s.size:
@@ -81,7 +101,6 @@ def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
     axis = None
     if s.size > 1:
         rank = len(shape)
-        ax = int(a.get("axis", 1))
         if not -rank <= ax < rank or shape[ax] != s.size:
             raise b.fail(n, f"{s.size} scales do not fit axis {ax} of shape {list(shape)}", "fix the model")
         axis = ax % rank
@@ -89,6 +108,46 @@ def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
         return QuantParams(storage, tuple(float(v) for v in s), tuple(int(v) for v in z), axis)
     except ValueError as e:
         raise b.fail(n, f"bad quantization parameters: {e}", "fix the model's scale / zero point") from None
+
+
+def _named_const(b, n, name: str, what: str) -> np.ndarray:
+    v = b.const(name)
+    if v is None:
+        raise b.fail(n, f"{what} ('{name}') is not a constant", "qcompiler imports constant quantization parameters")
+    return v
+
+
+def dequantized(b, n, x_name: str, scale_name: str, zp_name: str, suffix: str, axis: int | None = None):
+    """The float value of quantized input ``x_name`` of a QOperator node (its scale and zero point
+    are the inputs named; ``axis``: of a per-axis scale): DequantizeLinear of a quantized constant
+    or of a value carrying these parameters, ONNX's formula otherwise (:mod:`.onnx_qlinear`)."""
+    scale = _named_const(b, n, scale_name, "a scale")
+    zp = _named_const(b, n, zp_name, "a zero point") if zp_name else None
+    data = b.const(x_name)
+    shape = tuple(data.shape) if data is not None else b.val(x_name).shape
+    storage = zp.dtype.name if zp is not None else (data.dtype.name if data is not None else b.val(x_name).dtype)
+    if storage not in _STORAGE + ("int32",):
+        raise b.fail(n, f"quantizes to {storage}", "qcompiler imports 8-, 16- and 32-bit integer quantization")
+    qp = _params(b, n, scale, zp, storage, shape, 1 if axis is None else axis)
+    if data is not None:
+        q = b.g.add_const(np.asarray(data, order="C").astype(storage), x_name, quant=qp)
+    else:
+        q = b.val(x_name)
+        if q.type.quant != qp and not _carries(q, qp):
+            return _dequantize_float(b, n, q, qp, suffix)
+    return b.aux(n, "DequantizeLinear", [q], {}, suffix + "_dq")
+
+
+def quantize_to(b, n, y, scale_name: str, zp_name: str) -> None:
+    """Emit node ``n``'s output as QuantizeLinear of float ``y`` with the parameters named (uint8
+    without a zero point, as ONNX's QuantizeLinear)."""
+    scale = _named_const(b, n, scale_name, "the output scale")
+    zp = _named_const(b, n, zp_name, "the output zero point") if zp_name else None
+    storage = zp.dtype.name if zp is not None else "uint8"
+    if storage not in _STORAGE:
+        raise b.fail(n, f"quantizes its output to {storage}", "qcompiler imports 8- and 16-bit outputs")
+    qp = _params(b, n, scale, zp, storage, y.shape, 1)
+    b.emit(n, "QuantizeLinear", [y], {}, result_types=[y.type.with_quant(qp)])
 
 
 @converter("QuantizeLinear")
@@ -106,25 +165,53 @@ def _dequantize_linear(b, n, a):
     shape = tuple(data.shape) if data is not None else b.val(n.input[0]).shape
     qp = qparams(b, n, a, shape, dq=True)
     if data is not None:                       # weights, biases: a constant of the quantized type
-        q = b.g.add_const(np.ascontiguousarray(data), n.input[0], quant=qp)
+        q = b.g.add_const(np.asarray(data, order="C"), n.input[0], quant=qp)   # (ascontiguousarray makes 0-d 1-d)
     else:
         q = b.val(n.input[0])
-        if q.type.quant != qp:
+        if q.type.quant is not None and q.type.quant != qp:
+            raise b.fail(n, f"dequantizes with {qp} a value its QuantizeLinear quantized with {q.type.quant}",
+                         "give the DequantizeLinear the scale and zero point of the QuantizeLinear it follows")
+        if q.type.quant != qp and not _carries(q, qp):
             _dequantize_float(b, n, q, qp)
             return
     b.emit(n, "DequantizeLinear", [q], {})
 
 
-def _dequantize_float(b, n, q, qp: QuantParams) -> None:
+_SAME_INTEGERS = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool",
+                  "GlobalMaxPool", "Slice")
+"""Ops that move or select stored integers without changing them: a QDQ export may apply them to
+the integer tensor between its QuantizeLinear and DequantizeLinear (``--export-qdq`` does)."""
+
+
+def _carries(q, qp: QuantParams) -> bool:
+    """Whether integer value ``q`` is a value quantized with ``qp`` moved by :data:`_SAME_INTEGERS`
+    ops only; if so, every value of that chain is given ``qp`` in its type (True)."""
+    chain, v = [], q
+    while v.type.quant is None and v.producer is not None and v.producer.kind in _SAME_INTEGERS \
+            and v.dtype == qp.storage and not qp.per_channel:
+        chain.append(v)
+        v = v.producer.operands[0]
+    if v.type.quant != qp or not chain:
+        return False
+    for c in chain:
+        c.type = c.type.with_quant(qp)
+    return True
+
+
+def _dequantize_float(b, n, q, qp: QuantParams, suffix: str | None = None):
     """(f32(q) - f32(zero_point)) * scale: ONNX Runtime's f32(q - zero_point) * scale (both integers
-    are exact in float32 for 8/16-bit storage), for a value that does not carry ``qp``."""
+    are exact in float32 for 8/16-bit storage), for a value that does not carry ``qp``: node
+    ``n``'s output, or (``suffix``) an extra value returned."""
     shape = [1] * q.type.rank
     if qp.axis is not None:
         shape[qp.axis] = len(qp.scale)
-    zp = b.g.add_const(np.asarray(qp.zero_point, np.float32).reshape(shape), f"{n.output[0]}/zero_point")
-    sc = b.g.add_const(qp.scale_array().reshape(shape), f"{n.output[0]}/scale")
-    f = b.aux(n, "Cast", [q], {"to": "float32"}, "cast")
-    f = b.aux(n, "Sub", [f, zp], {}, "sub") if any(qp.zero_point) else f
+    tag = f"{n.output[0]}/{suffix}" if suffix else n.output[0]
+    zp = b.g.add_const(np.asarray(qp.zero_point, np.float32).reshape(shape), f"{tag}/zero_point")
+    sc = b.g.add_const(qp.scale_array().reshape(shape), f"{tag}/scale")
+    f = b.aux(n, "Cast", [q], {"to": "float32"}, f"{suffix}_cast" if suffix else "cast")
+    f = b.aux(n, "Sub", [f, zp], {}, f"{suffix}_sub" if suffix else "sub") if any(qp.zero_point) else f
+    if suffix:
+        return b.aux(n, "Mul", [f, sc], {}, f"{suffix}_dq")
     b.emit(n, "Mul", [f, sc], {})
 
 

@@ -24,6 +24,7 @@ After::
 from __future__ import annotations
 
 from ..ir.graph import Graph, Op
+from ..ir.types import quantize
 from ._common import is_output
 from .const_fold import ConstFoldOptions, _foldable, fold_op
 from .manager import PassContext, register_pass
@@ -36,10 +37,26 @@ def constant_quant_ops(graph: Graph) -> list[Op]:
     return [op for op in graph.ops if op.kind in KINDS and op.operands[0].is_const and not is_output(op.result)]
 
 
+def quantized_constants(graph: Graph) -> int:
+    """Replace each QuantizeLinear of a constant (a QAT export's float weights: Q(w) -> DQ) by a
+    constant of its quantized type holding the stored integers (ONNX's rounding, as
+    :func:`qcompiler.ir.types.quantize` computes it); returns how many."""
+    n = 0
+    for op in graph.ops:
+        if op.kind == "QuantizeLinear" and op.operands[0].is_const and not is_output(op.result):
+            qp = op.result.type.quant
+            c = graph.add_const(quantize(op.operands[0].data, qp), op.result.name, quant=qp)
+            op.result.replace_all_uses_with(c)
+            graph.erase_op(op)
+            n += 1
+    return n
+
+
 @register_pass("dequantize-weights")
 def dequantize_weights(graph: Graph, ctx: PassContext) -> bool:
     """Fold DequantizeLinear/QuantizeLinear of constants (the float build of a QDQ model), then const-fold."""
-    n = sum(fold_op(graph, op) for op in constant_quant_ops(graph))
+    n = quantized_constants(graph)
+    n += sum(fold_op(graph, op) for op in constant_quant_ops(graph))
     if not n:
         return False
     opts, m = ConstFoldOptions(), 0

@@ -148,9 +148,10 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     opts = pass_options(ctx, "quantize", QuantizeOptions)
     if graph.meta.get("prequantized"):
         raise UserError("the model is already quantized (it has its own QuantizeLinear/DequantizeLinear, "
-                        "ConvInteger or MatMulInteger); re-quantizing it to int8 is not supported yet (issue #35)",
-                        "--dtype int8", "compile it with --dtype fp32: the float build computes the model's own "
-                        "quantization as ONNX Runtime does")
+                        "ConvInteger or MatMulInteger); the quantize pass calibrates float models",
+                        "quantize", "run fold-qdq instead (what `qcompile MODEL --dtype int8` does with a "
+                        "pre-quantized model: its own scales on the integer kernels), or --dtype fp32 for a "
+                        "float build of its quantization")
     if any(op.kind in QUANT_KINDS for op in graph.ops):
         ctx.log("quantize: the graph is already quantized; nothing to do")
         return False

@@ -22,7 +22,9 @@ from qcompiler.codegen.target import TargetSpec
 from qcompiler.frontend.onnx_import import import_onnx
 from realmodels import all_models, ort_run
 
-MODELS = {m.name: m for m in all_models()}
+MODELS = {m.name: m for m in all_models() if not m.name.endswith("_qat")}
+# (a pre-quantized model's float build rounds its QuantizeLinears after float sums in another order
+# than ONNX Runtime's: compared in quantization steps in test_prequantized_int8.py)
 SLOW = {"light_densenet121", "light_resnet50", "light_inception_v1", "light_inception_v2", "light_vgg19",
         "light_zfnet512"}
 FP16 = ["rapidocr-cls", "mnistnet", "fashion_mobilenet"]

@@ -4,6 +4,7 @@ and exactly (floats); the default passes keep the given scales; what is refused,
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T, helper as h
 
@@ -94,3 +95,46 @@ def test_int8_quantize_pass_refuses_prequantized():
     with pytest.raises(UserError) as e:
         PassManager(parse_pipeline("default,quantize"), ctx=ctx).run(g)
     _one_line(e.value, "already quantized", "--dtype fp32")
+
+
+def _qdq_pair(s, z, s2=None, z2=None, axis=None, opset=13, x_shape=X.shape):
+    """x -> QuantizeLinear(s, z) -> DequantizeLinear(s2, z2) -> y (s2/z2 default to s/z)."""
+    kw = {} if axis is None else {"axis": axis}
+    inits = {"s": s, "z": z, "s2": s if s2 is None else s2, "z2": z if z2 is None else z2}
+    return model([h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **kw),
+                  h.make_node("DequantizeLinear", ["q", "s2", "z2"], ["y"], **kw)], inits, x_shape, opset=opset)
+
+
+BAD_QDQ = {
+    "zero scale": (_qdq_pair(np.float32(0.0), np.uint8(0)), "scale must be finite and > 0"),
+    "negative scale": (_qdq_pair(np.float32(-0.1), np.uint8(0)), "scale must be finite and > 0"),
+    "NaN scale": (_qdq_pair(np.float32(np.nan), np.uint8(0)), "scale must be finite and > 0"),
+    "axis out of range": (_qdq_pair(np.full(4, 0.1, np.float32), np.zeros(4, np.uint8), axis=7),
+                          "do not fit axis 7"),
+    "scales along the wrong axis": (_qdq_pair(np.full(4, 0.1, np.float32), np.zeros(4, np.uint8), axis=2),
+                                    "do not fit axis 2"),
+    "scale and zero point counts differ": (_qdq_pair(np.full(4, 0.1, np.float32), np.zeros(3, np.uint8), axis=1),
+                                           "4 scales but 3 zero points"),
+    "mismatched Q/DQ params": (_qdq_pair(np.float32(0.1), np.uint8(3), np.float32(0.2), np.uint8(3)),
+                               "its QuantizeLinear quantized with"),
+    "int4 storage": (model([h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+                           {"s": np.float32(0.1), "z": h.make_tensor("z", T.INT4, [], [0])}, X.shape, opset=21),
+                     "int4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_QDQ))
+def test_bad_qdq_input_is_one_line(case):
+    m, words = BAD_QDQ[case]
+    with pytest.raises(UserError) as e:
+        import_onnx(m)
+    _one_line(e.value, words)
+
+
+def test_bad_qdq_input_exits_2_from_the_cli(tmp_path, capsys):
+    from qcompiler.cli import main
+    p = tmp_path / "bad.onnx"
+    onnx.save(BAD_QDQ["zero scale"][0], str(p))
+    assert main([str(p), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "scale must be finite and > 0" in err and not (tmp_path / "out").exists()
