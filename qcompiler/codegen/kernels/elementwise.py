@@ -33,6 +33,33 @@ def fast_exp(x):
     return tirx.max(two_n * y, x)
 
 
+# erf(x) ~ x P(x^2) / Q(x^2) on |x| <= 4 (erf rounds to +-1 in float32 beyond 3.92): a rational
+# fit of our own (iteratively reweighted least squares on 8000 points of [0, 4] against math.erf;
+# the fit script is in the engineering log, 2026-11-28). Max |error| 2.2e-7 in float64, 5.6e-7
+# evaluated in float32 over [-6, 6] (libm's erff: 3e-8); one division, vectorizes.
+_ERF_P = (1.1283786034511334, 0.19963251056834666, 0.05049982649538144, 0.0037062909768885853,
+          0.0001434717655801274, -1.9898385045590493e-06, 2.031560836064392e-08)
+_ERF_Q = (1.0, 0.5102477861494944, 0.11485446223065127, 0.014325775009691672, 0.0009629551558882491)
+ERF_CLAMP = 4.0
+
+
+def fast_erf(x):
+    """erf for float32 as a rational function (see _ERF_P): a libm ``erff`` call per element does
+    not vectorize (smart-turn's Gelu on 400x1536: 17.7 ms); other dtypes: ``tirx.erf``."""
+    if dtype_of(x) != "float32":
+        return tirx.erf(x)
+    f = lambda v: tirx.const(v, "float32")  # noqa: E731
+    xc = tirx.max(tirx.min(x, f(ERF_CLAMP)), f(-ERF_CLAMP))
+    t = xc * xc
+    p = f(_ERF_P[-1])
+    for c in _ERF_P[-2::-1]:
+        p = p * t + f(c)
+    q = f(_ERF_Q[-1])
+    for c in _ERF_Q[-2::-1]:
+        q = q * t + f(c)
+    return tirx.max(tirx.min(xc * p / q, f(1.0)), f(-1.0))
+
+
 def activation(name: str, params, x):
     """The fused activation of FusedConv/FusedGemm (and the standalone ops) on expression ``x``."""
     if name == "":
@@ -80,7 +107,7 @@ def _gelu(x, a):
     if a.get("approximate", "none") == "tanh":
         c = math.sqrt(2.0 / math.pi)
         return _f(x, 0.5) * x * (_f(x, 1) + tirx.tanh(_f(x, c) * (x + _f(x, 0.044715) * x * x * x)))
-    return _f(x, 0.5) * x * (_f(x, 1) + tirx.erf(x * _f(x, 1 / math.sqrt(2.0))))
+    return _f(x, 0.5) * x * (_f(x, 1) + fast_erf(x * _f(x, 1 / math.sqrt(2.0))))
 
 
 def _softplus(x, a):
@@ -93,7 +120,7 @@ UNARY = {
     "Sigmoid": lambda x, a: activation("Sigmoid", [], x),
     "Tanh": lambda x, a: tirx.tanh(x),
     "Sqrt": lambda x, a: tirx.sqrt(x),
-    "Erf": lambda x, a: tirx.erf(x),
+    "Erf": lambda x, a: fast_erf(x),
     "Exp": lambda x, a: fast_exp(x),
     "Log": lambda x, a: tirx.log(x),
     "Neg": lambda x, a: -x,
