@@ -390,3 +390,28 @@ def _einsum(b, n, a):
     else:
         kind, ops, attrs = res.pending
         b.emit(n, kind, [real(o) for o in ops], attrs)
+
+
+@converter("SpaceToDepth", "DepthToSpace")
+def _space_depth(b, n, a):
+    """As ONNX defines them: Reshape -> Transpose -> Reshape (DepthToSpace in DCR or CRD mode)."""
+    x = b.val(n.input[0])
+    k = int(a.get("blocksize", 0))
+    if x.type.rank != 4 or k < 1:
+        raise b.fail(n, f"needs a 4-D input and blocksize >= 1 (rank {x.type.rank}, blocksize {k})", "fix the model")
+    N, C, H, W = x.shape
+    if n.op_type == "SpaceToDepth":
+        if H % k or W % k:
+            raise b.fail(n, f"spatial size {H}x{W} is not a multiple of blocksize {k}", "fix --input-shape")
+        shape, perm, out = [N, C, H // k, k, W // k, k], [0, 3, 5, 1, 2, 4], [N, C * k * k, H // k, W // k]
+    else:
+        if C % (k * k):
+            raise b.fail(n, f"{C} channels are not a multiple of blocksize^2 = {k * k}", "fix the model")
+        if a.get("mode", "DCR") == "DCR":
+            shape, perm = [N, k, k, C // (k * k), H, W], [0, 3, 4, 1, 5, 2]
+        else:
+            shape, perm = [N, C // (k * k), k, k, H, W], [0, 1, 4, 2, 5, 3]
+        out = [N, C // (k * k), H * k, W * k]
+    r = b.aux(n, "Reshape", [x], {"shape": shape}, "blocks")
+    t = b.aux(n, "Transpose", [r], {"perm": perm}, "move")
+    b.emit(n, "Reshape", [t], {"shape": out})

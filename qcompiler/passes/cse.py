@@ -1,7 +1,8 @@
 """``cse``: common subexpression elimination — equal constants and equal ops computed once.
 
-Two constants are equal when dtype, shape and bytes agree (hashed by ``(dtype, shape,
-sha1(bytes))``, then compared exactly). Two ops are equal when they have the same kind, the same
+Two constants are equal when dtype, shape, bytes and quantized type agree (hashed by ``(dtype,
+shape, sha1(bytes), quant params)``, then compared exactly: the same stored integers with another
+scale are another value). Two ops are equal when they have the same kind, the same
 attributes and the same operands (after constants were merged), the operands of commutative ops
 (Add, Mul, Max, Min) taken as a multiset. The first in topological order is kept; later twins are
 replaced by it. Ops are pure, so this preserves results exactly. A twin whose result is a graph
@@ -42,11 +43,12 @@ COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min"})
 
 
 def merge_constants(graph: Graph) -> int:
-    """Replace every constant by the first constant with equal dtype, shape and bytes."""
+    """Replace every constant by the first constant with equal dtype, shape, bytes and quant params."""
     seen: dict[tuple, list] = {}
     n = 0
     for c in list(graph.consts.values()):
-        key = (c.data.dtype.str, c.data.shape, hashlib.sha1(np.ascontiguousarray(c.data).tobytes()).digest())
+        key = (c.data.dtype.str, c.data.shape, hashlib.sha1(np.ascontiguousarray(c.data).tobytes()).digest(),
+               c.type.quant)
         twins = seen.setdefault(key, [])
         keep = next((k for k in twins if np.array_equal(k.data, c.data, equal_nan=c.data.dtype.kind == "f")), None)
         if keep is None or is_output(c):

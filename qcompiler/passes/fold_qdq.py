@@ -206,7 +206,7 @@ class Folder:
         for op in self.g.ops:
             if op.kind not in ("QuantizeLinear", "DequantizeLinear") and not op.kind.startswith("QLinear") \
                     and op.kind != "Requantize" and op.name not in self.layers \
-                    and not (op.results and op.result.type.quant is not None):
+                    and not (op.results and op.results[0].type.quant is not None):
                 self.layers[op.name] = {"kind": op.kind, "precision": "float", "reason": "float region"}
 
     def fold(self, op: Op, q: Op) -> None:
@@ -406,7 +406,7 @@ class Folder:
         q.result.replace_all_uses_with(out)
         g.erase_op(q)
         for d in dead:                      # a DequantizeLinear may have other users still
-            if d.graph is not None and not d.result.uses and not is_output(d.result):
+            if d.graph is not None and not any(r.uses or is_output(r) for r in d.results):
                 g.erase_op(d)
         if new is not None and new.graph is g:
             g.rename_op(new, name)
@@ -443,8 +443,7 @@ def _summary(qp: QuantParams) -> dict:
 
 
 def _scheme(graph: Graph) -> dict[str, Any]:
-    acts = sorted({op.result.type.quant.storage for op in graph.ops
-                   if op.results and op.result.type.quant is not None and not op.result.is_const})
+    acts = sorted({r.type.quant.storage for op in graph.ops for r in op.results if r.type.quant is not None})
     w = [v.type.quant for v in graph.consts.values() if v.type.quant is not None and v.dtype == "int8"]
     return {"source": "the model's own QuantizeLinear/DequantizeLinear (fold-qdq)",
             "activations": "/".join(acts) + " per tensor" if acts else "none",

@@ -56,3 +56,25 @@ def test_not_merged_different_attrs_values_dtypes_order_or_two_outputs():
   return %t2, %s1, %s2, %r1, %r2, %a, %d, %j
 }
 """, "cse")
+
+
+def test_quantized_constants_with_other_params_stay_apart():
+    """The same stored integers with another scale are another value (a QDQ model's per-layer
+    constants: rapidocr-det's ORT QDQ file has dozens of [255] uint8 scalars, each its own scale)."""
+    text = """graph @g(%x: tensor<4xf32>) {
+      %a = const dense<[255]> : tensor<1x!quant.uniform<u8:f32, 0.0037:0>>
+      %b = const dense<[255]> : tensor<1x!quant.uniform<u8:f32, 0.0021:0>>
+      %c = const dense<[255]> : tensor<1x!quant.uniform<u8:f32, 0.0037:0>>
+      %da = DequantizeLinear(%a) : tensor<1xf32>
+      %db = DequantizeLinear(%b) : tensor<1xf32>
+      %dc = DequantizeLinear(%c) : tensor<1xf32>
+      %y1 = Mul(%x, %da) : tensor<4xf32>
+      %y2 = Mul(%x, %db) : tensor<4xf32>
+      %y3 = Mul(%x, %dc) : tensor<4xf32>
+      %s = Add(%y1, %y2) : tensor<4xf32>
+      %z = Add(%s, %y3) : tensor<4xf32>
+      return %z
+    }"""
+    g = run_ir(text, "cse")
+    assert sorted(g.consts) == ["a", "b"]
+    assert sum(op.kind == "Mul" for op in g.ops) == 2
