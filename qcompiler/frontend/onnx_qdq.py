@@ -129,13 +129,23 @@ def dequantized(b, n, x_name: str, scale_name: str, zp_name: str, suffix: str, a
     if storage not in _STORAGE + ("int32",):
         raise b.fail(n, f"quantizes to {storage}", "qcompiler imports 8-, 16- and 32-bit integer quantization")
     qp = _params(b, n, scale, zp, storage, shape, 1 if axis is None else axis)
-    if data is not None:
-        q = b.g.add_const(np.asarray(data, order="C").astype(storage), x_name, quant=qp)
+    return _dequantize(b, n, x_name, qp, suffix)
+
+
+def _dequantize(b, n, x_name: str, qp: QuantParams, suffix: str | None = None):
+    """Tensor ``x_name`` dequantized with ``qp``: DequantizeLinear of a constant of that quantized
+    type, or of a value carrying ``qp`` (:func:`_carries`), else ONNX's float formula. Node ``n``'s
+    output, or (``suffix``) an extra value returned."""
+    data = b.const(x_name)
+    if data is not None:                       # weights, biases: a constant of the quantized type
+        q = b.g.add_const(np.asarray(data, order="C"), x_name, quant=qp)   # (ascontiguousarray makes 0-d 1-d)
     else:
         q = b.val(x_name)
         if q.type.quant != qp and not _carries(q, qp):
             return _dequantize_float(b, n, q, qp, suffix)
-    return b.aux(n, "DequantizeLinear", [q], {}, suffix + "_dq")
+    if suffix:
+        return b.aux(n, "DequantizeLinear", [q], {}, suffix + "_dq")
+    b.emit(n, "DequantizeLinear", [q], {})
 
 
 def quantize_to(b, n, y, scale_name: str, zp_name: str) -> None:
@@ -164,17 +174,12 @@ def _dequantize_linear(b, n, a):
     data = b.const(n.input[0])
     shape = tuple(data.shape) if data is not None else b.val(n.input[0]).shape
     qp = qparams(b, n, a, shape, dq=True)
-    if data is not None:                       # weights, biases: a constant of the quantized type
-        q = b.g.add_const(np.asarray(data, order="C"), n.input[0], quant=qp)   # (ascontiguousarray makes 0-d 1-d)
-    else:
-        q = b.val(n.input[0])
-        if q.type.quant is not None and q.type.quant != qp:
-            raise b.fail(n, f"dequantizes with {qp} a value its QuantizeLinear quantized with {q.type.quant}",
+    if data is None:
+        got = b.val(n.input[0]).type.quant
+        if got is not None and got != qp:
+            raise b.fail(n, f"dequantizes with {qp} a value its QuantizeLinear quantized with {got}",
                          "give the DequantizeLinear the scale and zero point of the QuantizeLinear it follows")
-        if q.type.quant != qp and not _carries(q, qp):
-            _dequantize_float(b, n, q, qp)
-            return
-    b.emit(n, "DequantizeLinear", [q], {})
+    _dequantize(b, n, n.input[0], qp)
 
 
 _SAME_INTEGERS = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool",

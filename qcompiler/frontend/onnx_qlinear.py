@@ -1,7 +1,7 @@
 """Converters for ONNX Runtime's QOperator format: ``QLinearConv`` and ``QLinearMatMul`` (ai.onnx)
 and the com.microsoft ops its quantizer emits most (``QLinearAdd``, ``QLinearMul``,
 ``QLinearGlobalAveragePool``, ``QLinearSigmoid``, ``QLinearLeakyRelu``, ``QLinearConcat``,
-``QGemm``, ``DynamicQuantizeMatMul``).
+``QGemm``, ``DynamicQuantizeMatMul``; ``onnx_load.MICROSOFT_OPS`` lets them past the domain check).
 
 Each is imported as what it means in QDQ form, DequantizeLinear of every quantized input, the
 float op, QuantizeLinear with the output's parameters::
@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from .onnx_load import MICROSOFT_OPS  # noqa: F401  (the com.microsoft ops below; checked at load)
 from .onnx_ops import conv_window
 from .onnx_qdq import dequantized, quantize_to
 from .onnx_registry import CONVERTERS, converter, opt_input

@@ -80,7 +80,8 @@ from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_mult
 from ._common import is_output, single_use
 from .dequantize_weights import dequantize_weights, quantized_constants
 from .manager import PassContext, register_pass
-from .quantize_plan import CONVS, GEMMS, KEEP_PARAMS
+from .quantize_plan import CONVS, GEMMS, KEEP_PARAMS, avgpool_decline, window_count
+from .quantize_rewrite import qp_summary, requantize
 
 ACTIVATION_STORAGE = ("uint8", "int8")       # what the integer kernels read and write
 FOLDABLE_ACTS = ("Relu", "Clip")             # a standalone activation before the Q: the output clamp
@@ -252,7 +253,7 @@ class Folder:
         if post is not None:
             out = self.g.create_op(post.kind, [out], dict(post.attrs), result_types=[q.result.type],
                                    name=post.name + "_q", result_names=[q.result.name + "_post"], before=q).result
-        self.put(q, out, dead, new, {"output": _summary(qo), **info})
+        self.put(q, out, dead, new, {"output": qp_summary(qo), **info})
 
     def linear(self, op: Op, q: Op, act: str, params: list, out_type) -> tuple:
         g, qo = self.g, q.result.type.quant
@@ -308,7 +309,7 @@ class Folder:
         c = _dq_const(op.operands[1])
         wv = c if c.data is w and c.type.quant == wqp else g.add_const(w, c.name, quant=wqp)
         operands = [x, wv] + ([bq] if bq is not None else [])
-        info = {"kind": kind, "from": op.kind, "input": _summary(xqp),
+        info = {"kind": kind, "from": op.kind, "input": qp_summary(xqp),
                 "weight": {"per_channel": wqp.per_channel, "channels": len(wqp.scale) if wqp.per_channel else 1,
                            "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}}
         if kind == "QLinearGemm" and x.type.rank > 2:        # rows of every leading index: one GEMM
@@ -346,24 +347,23 @@ class Folder:
         new = self.g.create_op(kind, [a, b], attrs, result_types=[out_type], name=op.name + "_q",
                                result_names=[q.result.name + "_new"], before=q)
         return new, new.result, {"kind": kind, "from": op.kind,
-                                 "inputs": [_summary(a.type.quant), _summary(b.type.quant)]}
+                                 "inputs": [qp_summary(a.type.quant), qp_summary(b.type.quant)]}
 
     def avgpool(self, op: Op, q: Op) -> tuple:
         qo = q.result.type.quant
         x = self.activation(op.operands[0], q)
-        a = {**REGISTRY[op.kind].defaults, **op.attrs}
-        if op.kind == "AveragePool" and (a["ceil_mode"] or (any(a["pads"] or []) and not a["count_include_pad"])):
-            raise Decline("window count varies (pads without count_include_pad, or ceil_mode)")
-        count = int(np.prod(x.shape[2:])) if op.kind == "GlobalAveragePool" else int(np.prod(a["kernel_shape"]))
+        why = avgpool_decline(op)
+        if why:
+            raise Decline(why)
         try:
-            m, s = quantize_multiplier(x.type.quant.scale[0] / (qo.scale[0] * count))
+            m, s = quantize_multiplier(x.type.quant.scale[0] / (qo.scale[0] * window_count(op, x.shape)))
         except ValueError as e:
             raise Decline(str(e)) from None
         kind = "QLinear" + op.kind
         new = self.g.create_op(kind, [x], {**op.attrs, "multiplier": [m], "shift": [s]},
                                result_types=[q.result.type], name=op.name + "_q",
                                result_names=[q.result.name + "_new"], before=q)
-        return new, new.result, {"kind": kind, "from": op.kind, "input": _summary(x.type.quant)}
+        return new, new.result, {"kind": kind, "from": op.kind, "input": qp_summary(x.type.quant)}
 
     def keep(self, op: Op, q: Op) -> tuple:
         """A value-preserving op on the stored integers, in its input's params, then Requantize."""
@@ -392,12 +392,9 @@ class Folder:
         if x.type.quant == qp:
             return x
         try:
-            m, s = quantize_multiplier(_f32(x.type.quant.scale[0]) / _f32(qp.scale[0]))
+            return requantize(self.g, x, qp, hint, anchor)
         except ValueError as e:
             raise Decline(str(e)) from None
-        return self.g.create_op("Requantize", [x], {"multiplier": [m], "shift": [s]},
-                                result_types=[x.type.with_quant(qp)], name="requantize_" + hint,
-                                result_names=[hint + "_rq"], before=anchor).result
 
     # ---- the rewrite ------------------------------------------------------------------------
     def put(self, q: Op, out: Value, dead: list[Op], new: Op | None, info: dict) -> None:
@@ -436,10 +433,6 @@ def _dq_const(v: Value) -> Value | None:
         v = v.producer.operands[0]
     dq = v.producer
     return dq.operands[0] if dq is not None and dq.kind == "DequantizeLinear" and dq.operands[0].is_const else None
-
-
-def _summary(qp: QuantParams) -> dict:
-    return {"dtype": qp.storage, "scale": qp.scale[0], "zero_point": qp.zero_point[0]}
 
 
 def _scheme(graph: Graph) -> dict[str, Any]:

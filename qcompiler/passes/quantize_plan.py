@@ -126,6 +126,19 @@ def _decline(op: Op) -> str | None:
     return None
 
 
+def avgpool_decline(op: Op) -> str | None:
+    """Why a (Global)AveragePool cannot be a QLinear pool with one constant window count (None: it can)."""
+    a = {**REGISTRY[op.kind].defaults, **op.attrs}
+    if op.kind == "AveragePool" and (a["ceil_mode"] or (any(a["pads"] or []) and not a["count_include_pad"])):
+        return "window count varies (pads without count_include_pad, or ceil_mode)"
+    return None
+
+
+def window_count(op: Op, x_shape) -> int:
+    """The number of inputs a (Global)AveragePool averages (constant: see :func:`avgpool_decline`)."""
+    return int(np.prod(x_shape[2:])) if op.kind == "GlobalAveragePool" else int(np.prod(op.attrs["kernel_shape"]))
+
+
 @dataclass
 class Plan:
     role: dict = field(default_factory=dict)    # op -> "compute" | "keep" | "concat" | "fold"
@@ -163,13 +176,8 @@ def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
             else:
                 why = "no quantized operand, or a constant factor"
         elif op.kind in ("GlobalAveragePool", "AveragePool"):
-            a = {**REGISTRY[op.kind].defaults, **op.attrs}
-            if x not in quantized:
-                why = "input not quantized"
-            elif op.kind == "AveragePool" and (a["ceil_mode"] or (any(a["pads"] or []) and not a["count_include_pad"])):
-                why = "window count varies (pads without count_include_pad, or ceil_mode)"
-            else:
-                role = "compute"
+            why = "input not quantized" if x not in quantized else avgpool_decline(op)
+            role = "compute" if why is None else None
         elif op.kind in ("Relu", "Clip") and x in quantized and _foldable(p, x):
             role = "fold"
         elif (op.kind == "HardSwish" and x in quantized and _foldable(p, x) and x.producer.kind in CONVS + GEMMS

@@ -21,7 +21,7 @@ from ..quant.qparams import f32_at_least
 from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
 from ._common import is_output
 from .bias_correct import empirical_error
-from .quantize_plan import CONVS, GEMMS, Plan
+from .quantize_plan import CONVS, GEMMS, Plan, window_count
 
 if TYPE_CHECKING:
     from .quantize import QuantizeOptions
@@ -86,7 +86,7 @@ class Rewriter:
             elif role == "keep":
                 x = self.qval(op.operands[0], op)
                 new = self.replace(op, op.kind, [x], dict(op.attrs), op.result, self.P[op.result])
-                self.layers[new.name] = {"kind": op.kind, "precision": "int8", "output": _summary(self.P[op.result])}
+                self.layers[new.name] = {"kind": op.kind, "precision": "int8", "output": qp_summary(self.P[op.result])}
             elif role == "concat":
                 self.concat(op)
             else:
@@ -121,26 +121,24 @@ class Rewriter:
             ms, s = quantize_multipliers([a.type.quant.scale[0] / qo.scale[0], b.type.quant.scale[0] / qo.scale[0]])
             kind, operands = "QLinearAdd", [a, b]
             attrs = {"activation": act, "activation_params": params, "multiplier": ms, "shift": [s]}
-            info["inputs"] = [_summary(a.type.quant), _summary(b.type.quant)]
+            info["inputs"] = [qp_summary(a.type.quant), qp_summary(b.type.quant)]
         elif op.kind == "Mul":                                  # y = a b: M = s_a s_b / s_y
             a, b = (self.qval(v, op) for v in op.operands)
             sa, sb = (float(np.float32(v.type.quant.scale[0])) for v in (a, b))
             m, s = quantize_multiplier(sa * sb / float(np.float32(qo.scale[0])))
             kind, operands = "QLinearMul", [a, b]
             attrs = {"activation": act, "activation_params": params, "multiplier": [m], "shift": [s]}
-            info["inputs"] = [_summary(a.type.quant), _summary(b.type.quant)]
+            info["inputs"] = [qp_summary(a.type.quant), qp_summary(b.type.quant)]
         else:                                                   # GlobalAveragePool, AveragePool
             x = self.qval(op.operands[0], op)
-            count = int(np.prod(x.shape[2:])) if op.kind == "GlobalAveragePool" else \
-                int(np.prod(op.attrs["kernel_shape"]))
-            m, s = quantize_multiplier(x.type.quant.scale[0] / (qo.scale[0] * count))
+            m, s = quantize_multiplier(x.type.quant.scale[0] / (qo.scale[0] * window_count(op, x.shape)))
             kind, operands = "QLinear" + op.kind, [x]
             attrs = {k: v for k, v in op.attrs.items()}
             attrs.update(multiplier=[m], shift=[s])
-            info["input"] = _summary(x.type.quant)
+            info["input"] = qp_summary(x.type.quant)
         rng = list(self.ranges.get(out.name, ()))
         new = self.replace(op, kind, operands, attrs, out, qo)
-        self.layers[new.name] = {"kind": kind, "precision": "int8", **info, "output": _summary(qo),
+        self.layers[new.name] = {"kind": kind, "precision": "int8", **info, "output": qp_summary(qo),
                                  "range": rng, "method": self.opts.method}
 
     def linear(self, op: Op, info: dict) -> tuple[str, list[Value], dict]:
@@ -178,7 +176,7 @@ class Rewriter:
             operands.append(self.g.add_const(quantize(b, bqp), bname + "_q", quant=bqp))
         ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
         attrs.update(multiplier=ms, shift=ss)
-        info["input"] = _summary(x.type.quant)
+        info["input"] = qp_summary(x.type.quant)
         info["weight"] = {"per_channel": wqp.per_channel, "channels": int(w.shape[0]),
                           "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}
         return kind, operands, attrs
@@ -189,15 +187,12 @@ class Rewriter:
         for v in op.operands:
             q = self.qval(v, op)
             if q.type.quant != qo:
-                m, s = quantize_multiplier(q.type.quant.scale[0] / qo.scale[0])
-                q = self.g.create_op("Requantize", [q], {"multiplier": [m], "shift": [s]},
-                                     result_types=[q.type.with_quant(qo)], name="requantize_" + v.name,
-                                     result_names=[v.name + "_rq"], before=op).result
+                q = requantize(self.g, q, qo, v.name, op)
                 self.stands_for[q] = v.name
             operands.append(q)
         rng = list(self.ranges.get(op.result.name, ()))
         new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
-        self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": _summary(qo),
+        self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": qp_summary(qo),
                                  "range": rng, "method": self.opts.method}
 
 
@@ -215,5 +210,13 @@ def _fit_bias(wqp: QuantParams, s_x: float, b: np.ndarray) -> tuple[QuantParams,
     return QuantParams(wqp.storage, tuple(new), wqp.zero_point, wqp.axis), int(bad.sum())
 
 
-def _summary(qp: QuantParams) -> dict:
+def requantize(g: Graph, q: Value, qp: QuantParams, hint: str, before: Op) -> Value:
+    """``Requantize(q)`` into ``qp`` (M = s_in / s_out), inserted before ``before``; raises
+    ValueError for a multiplier the fixed point cannot hold."""
+    m, s = quantize_multiplier(q.type.quant.scale[0] / qp.scale[0])
+    return g.create_op("Requantize", [q], {"multiplier": [m], "shift": [s]}, result_types=[q.type.with_quant(qp)],
+                       name="requantize_" + hint, result_names=[hint + "_rq"], before=before).result
+
+
+def qp_summary(qp: QuantParams) -> dict:
     return {"dtype": qp.storage, "scale": qp.scale[0], "zero_point": qp.zero_point[0]}
