@@ -2,9 +2,12 @@
 
     python bench/zoo_profile.py mtcnn-onet                 # fp32
     python bench/zoo_profile.py smart-turn-v3.2 --dtype int8   # a pre-quantized model's int8 build
+    python bench/zoo_profile.py deit_tiny --dtype int8         # ORT quantize_static's QDQ file, in both engines
     python bench/zoo_profile.py mobilenet_v3_large --top 30
 
-Ours: every kernel of the default fp32 build (int8: a QDQ model's fold-qdq build) timed alone (TVM's time_evaluator; TVM 0.27's Relax
+Ours: every kernel of the default fp32 build (int8: a QDQ model's fold-qdq build; a float model is
+first quantized by ORT's ``quantize_static`` on 32 calibration feeds, as ``bench/zoo.py --qdq`` does,
+and both engines profile that file) timed alone (TVM's time_evaluator; TVM 0.27's Relax
 VM has no profiler), with the IR ops fused into it and its output shape. ORT:
 its own profiler (``enable_profiling``), per node type and per node, the median over the same
 number of runs, 2 threads each (TVM_NUM_THREADS=2, ORT intra_op_num_threads=2).
@@ -29,7 +32,7 @@ import numpy as np  # noqa: E402
 import zoo  # noqa: E402
 
 
-def ours(m, dtype: str) -> list[tuple[str, float]]:
+def ours(m, dtype: str, path: Path) -> list[tuple[str, float]]:
     """Every kernel of our fp32 build timed alone (qcompiler.plan.layer_cost.time_each_kernel:
     TVM's time_evaluator on the kernel's constants and random activations), with the IR ops
     fused into it."""
@@ -37,10 +40,7 @@ def ours(m, dtype: str) -> list[tuple[str, float]]:
     from qcompiler.frontend.onnx_import import import_onnx
     from qcompiler.passes import run_passes
     from qcompiler.plan.layer_cost import time_each_kernel
-    g = import_onnx(str(m.path()), m.input_shapes, input_values=m.input_values or None)
-    if dtype != "fp32" and not g.meta.get("prequantized"):
-        raise SystemExit("zoo_profile: --dtype int8 is wired for pre-quantized (QDQ) models only (the quantize "
-                         "pass needs calibration here)")
+    g = import_onnx(str(path), m.input_shapes, input_values=m.input_values or None)
     run_passes(g, "default,fold-qdq" if dtype == "int8" else "default")
     rows = []
     for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype=dtype)):
@@ -49,7 +49,7 @@ def ours(m, dtype: str) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda kv: -kv[1])
 
 
-def theirs(m, feed: dict, runs: int) -> list[tuple[str, float]]:
+def theirs(m, path: Path, feed: dict, runs: int) -> list[tuple[str, float]]:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 2, 1
@@ -57,7 +57,7 @@ def theirs(m, feed: dict, runs: int) -> list[tuple[str, float]]:
     so.log_severity_level = 3
     with tempfile.TemporaryDirectory() as d:
         so.profile_file_prefix = str(Path(d) / "ort")
-        s = ort.InferenceSession(str(m.path()), so, providers=["CPUExecutionProvider"])
+        s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         of = m.ort_feeds(feed)
         for _ in range(3 + runs):
             s.run(None, of)
@@ -82,17 +82,26 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     m = zoo.get(a.model)
     feed = m.feeds(1, seed=1)[0]
-    mine = ours(m, a.dtype)
+    from qcompiler.frontend.onnx_qdq import is_prequantized
+    tmp = tempfile.TemporaryDirectory()
+    path = m.path()
+    if a.dtype == "int8" and not is_prequantized(str(path)):
+        path = zoo.ort_quantize_static(m, m.feeds(32, seed=0), Path(tmp.name) / f"{m.name}.ort_int8.onnx")
+    mine = ours(m, a.dtype, path)
     total = sum(v for _, v in mine)
-    print(f"# {m.name} {a.dtype}: ours {total:.3f} ms in {len(mine)} kernels (each timed alone, summed)")
+    kinds: dict[str, float] = defaultdict(float)
+    for name, ms in mine:
+        kinds[name.split("[")[1].split("]")[0]] += ms
+    print(f"# {m.name} {a.dtype}: ours {total:.3f} ms in {len(mine)} kernels (each timed alone, summed); by kind: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:10]))
     for name, ms in mine[:a.top]:
         print(f"  {ms:8.3f} ms {100 * ms / total:5.1f} %  {name}")
-    ort_rows = theirs(m, feed, a.runs)
+    ort_rows = theirs(m, path, feed, a.runs)
     total = sum(v for _, v in ort_rows)
     by_type: dict[str, float] = defaultdict(float)
     for k, v in ort_rows:
         by_type[k.split()[0]] += v
-    print(f"# ONNX Runtime fp32: {total:.3f} ms in {len(ort_rows)} nodes; by type: " +
+    print(f"# ONNX Runtime {a.dtype}: {total:.3f} ms in {len(ort_rows)} nodes; by type: " +
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])[:10]))
     for name, ms in ort_rows[:a.top]:
         print(f"  {ms:8.3f} ms {100 * ms / total:5.1f} %  {name}")

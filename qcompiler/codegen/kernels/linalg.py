@@ -13,19 +13,16 @@ from tvm import te, tirx
 from ..target import Family
 from .conv import pick_block
 from .elementwise import activation
-from .tensor import Buf, Lazy, broadcast_index, cast, compute, const, divisor_at_most, linearize, unravel
+from .tensor import (Buf, Lazy, broadcast_index, cast, compute, const, divisor_at_most, linearize, padded_extent,
+                     unravel)
 
 F32 = "float32"
 ROW_TILE = 8               # rows of a dense layer's register tile (x86/ARM)
 
 
 def _padded(ctx, n: int, tile: int) -> int:
-    """``n`` rounded up to a multiple of ``tile`` when ``n`` has no divisor of at least half the
-    tile (a sequence length of 197 has none): the extra rows or columns repeat the last one and are
-    cut off by the kernel's view, so the register tile stays whole. CUDA (dlight) keeps ``n``."""
-    if ctx.spec.family is Family.CUDA or n <= tile or divisor_at_most(n, tile) * 2 >= tile:
-        return n
-    return -(-n // tile) * tile
+    """:func:`.tensor.padded_extent` on x86/ARM; CUDA (dlight) keeps ``n``."""
+    return n if ctx.spec.family is Family.CUDA else padded_extent(n, tile)
 
 
 def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):

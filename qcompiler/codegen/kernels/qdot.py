@@ -47,7 +47,7 @@ from tvm import te, tirx
 from ..arm.intrin import register_lane
 from ..intrin import DotIsa
 from ..isa import dot_intrin, int8_isa
-from .tensor import Buf, cast, compute, divisor_at_most
+from .tensor import Buf, cast, compute, divisor_at_most, padded_extent
 
 I32 = "int32"
 INDEXED_SDOT = True      # arm: indexed sdot over the input-channel block (scripts/arm_sdot_mca.py compares)
@@ -257,25 +257,32 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
         lanes //= 2
     npad = _up(nn, lanes)
     zeff = effective_zp(isa, A.dtype, za)
-    if isinstance(A, Buf) and not A.block and A.dtype == isa.a_dtype and kp == kk:
+    # rows without a divisor near the register tile (a sequence length of 197) are padded to a
+    # multiple of it in the packing stage, repeating the last row; the accessor never reads them
+    mpad = padded_extent(m, _ROW_TILE[isa.kind == "sdot"])
+    if isinstance(A, Buf) and not A.block and A.dtype == isa.a_dtype and kp == kk and mpad == m:
         Ap = A.tensor if A.phys_shape == (m, kk) else None
     else:
         Ap = None
     if Ap is None:
         fill = tirx.const(0, isa.a_dtype)
-        Ap = compute((m, kp), lambda i, j: tirx.if_then_else(
-            j < kk, _to_a(isa, A.at((i, tirx.min(j, kk - 1))), A.dtype), fill) if kp != kk
-            else _to_a(isa, A.at((i, j)), A.dtype), name="pad")
+        row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+        Ap = compute((mpad, kp), lambda i, j: tirx.if_then_else(
+            j < kk, _to_a(isa, A.at((row(i), tirx.min(j, kk - 1))), A.dtype), fill) if kp != kk
+            else _to_a(isa, A.at((row(i), j)), A.dtype), name="pad")
     wpad = np.zeros((npad, kp), np.int64)
     wpad[:nn, :kk] = w
     wp = ctx.param(wpad.reshape(npad // lanes, lanes, kp // q, q).transpose(0, 2, 1, 3).astype(isa.b_dtype),
                    "qw_dense_dot")
     kb, kq = te.reduce_axis((0, kp // q), "kb"), te.reduce_axis((0, q), "kq")
-    d = compute((m, npad // lanes, lanes), lambda i, no, ni: te.sum(
+    d = compute((mpad, npad // lanes, lanes), lambda i, no, ni: te.sum(
         cast(Ap[i, kb * q + kq], I32) * cast(wp[no, kb, ni, kq], I32), axis=[kb, kq]), name="dense")
-    mb, nb = _dense_blocking(isa, m, npad // lanes)
+    mb, nb = _dense_blocking(isa, mpad, npad // lanes)
     ctx.schedule("dense_dot", mb=mb, lanes=lanes, intrin=dot_intrin(isa, lanes), nb=nb)
     return (lambda i, j: d[i, j // lanes, j % lanes]), zeff
+
+
+_ROW_TILE = (8, 4)          # rows of a dense register tile: x86, arm sdot (see _dense_blocking)
 
 
 def _dense_blocking(isa: DotIsa, m: int, nvec: int) -> tuple[int, int]:
@@ -286,6 +293,6 @@ def _dense_blocking(isa: DotIsa, m: int, nvec: int) -> tuple[int, int]:
     (sdot's latency is several cycles, its throughput two per cycle), with mb <= 4 rows:
     mb·nb accumulators + nb weights + mb broadcast A words <= 24 of the 32 NEON registers."""
     if isa.kind == "sdot":
-        return divisor_at_most(m, 4), divisor_at_most(nvec, 4)
-    return divisor_at_most(m, 8), 1
+        return divisor_at_most(m, _ROW_TILE[1]), divisor_at_most(nvec, 4)
+    return divisor_at_most(m, _ROW_TILE[0]), 1
 

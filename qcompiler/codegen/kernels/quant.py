@@ -41,7 +41,8 @@ from . import qdot
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
 from .requant import (float_channel_vec, folded_bias, hardswish_fn, is_cpu, is_x86, requant_fn, requantized,
                       round_half_even)
-from .tensor import Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize
+from .tensor import (Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize,
+                     padded_extent)
 
 I32, I64, F32 = "int32", "int64", "float32"
 I16 = "int16"
@@ -141,9 +142,11 @@ def _dense_int16(ctx, A, w, m, n, kk):
         wmat = np.concatenate([wmat, np.zeros((kk, npad - n), w.dtype)], axis=1)
     wp = ctx.param(np.ascontiguousarray(wmat.reshape(kk, npad // bn, bn).transpose(1, 0, 2)), "qw_dense")
     rk = te.reduce_axis((0, kk), "rk")
-    d = compute((m, npad // bn, bn), lambda i, no, ni: te.sum(
-        _mul(A.at((i, rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
-    ctx.schedule("dense", mb=divisor_at_most(m, 8))
+    mpad = m if _is_cuda(ctx) else padded_extent(m, 8)     # whole register tiles (see linalg._dense)
+    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+    d = compute((mpad, npad // bn, bn), lambda i, no, ni: te.sum(
+        _mul(A.at((row(i), rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
+    ctx.schedule("dense", mb=divisor_at_most(mpad, 8))
     return lambda i, j: d[i, j // bn, j % bn]
 
 

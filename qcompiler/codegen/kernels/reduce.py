@@ -11,21 +11,46 @@ import numpy as np
 from tvm import te, tirx
 
 from .elementwise import fast_exp
+from ..target import Family
 from .tensor import Buf, Lazy, compute, const, dtype_of
 
 F32 = "float32"
 
 
-def _reduce_stage(x, axes, fn, name):
-    """te.compute over x's shape with ``axes`` kept as 1; ``fn(values, reduce_axes)`` reduces."""
+_NEUTRAL = {"sum": lambda: const(0.0, F32), "max": lambda: tirx.min_value(F32), "min": lambda: tirx.max_value(F32)}
+_REDUCE = {"sum": te.sum, "max": te.max, "min": te.min}
+
+
+def _reduce_stage(ctx, x, axes, kind, name):
+    """te.compute over x's shape with ``axes`` kept as 1, reducing with ``kind`` (sum/max/min).
+
+    On a CPU a reduction over the last axis alone that spans at least two vectors is computed in
+    two stages, so that its loop is vectorized instead of one scalar add chain: ``name_part``
+    keeps ``vw`` partial results per row (lane l reduces elements l, l + vw, ...; the lanes past
+    the end read the reduction's neutral element), then ``name`` reduces the ``vw`` lanes. The
+    sum is reassociated (float32 rounding differs from the one-chain order by a few ulp)."""
     kshape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    reducer = _REDUCE[kind]
+    last, n = x.rank - 1, x.shape[-1]
+    vw = ctx.vw
+    if axes == [last] and ctx.spec.family is not Family.CUDA and n >= 2 * vw and x.dtype == F32:
+        ro = te.reduce_axis((0, -(-n // vw)), "ro")
+        neutral = _NEUTRAL[kind]()
+
+        def part_body(*idx):
+            j = ro * vw + idx[-1]
+            v = x.at(tuple(idx[:-1]) + (tirx.min(j, n - 1),))
+            return reducer(v if n % vw == 0 else tirx.if_then_else(j < n, v, neutral), axis=ro)
+        part = compute(kshape[:-1] + (vw,), part_body, name=name + "_part")
+        rl = te.reduce_axis((0, vw), "rl")
+        return compute(kshape, lambda *idx: reducer(part[tuple(idx[:-1]) + (rl,)], axis=rl), name=name), kshape
     red = [te.reduce_axis((0, x.shape[d]), f"r{d}") for d in axes]
 
     def body(*idx):
         src = list(idx)
         for d, r in zip(axes, red):
             src[d] = r
-        return fn(x.at(tuple(src)), red)
+        return reducer(x.at(tuple(src)), axis=red)
     return compute(kshape or (1,), body, name=name), kshape
 
 
@@ -41,11 +66,11 @@ def softmax(ctx, a, ins, outs, log: bool = False):
     (x,) = ins
     ax = a["axis"] % x.rank
     axes = [ax]
-    mx, _ = _reduce_stage(x, axes, lambda v, r: te.max(v, axis=r), "rmax")
+    mx, _ = _reduce_stage(ctx, x, axes, "max", "rmax")
     # exp once, in a vectorizable stage; the sum and the output read it
     e = compute(x.shape, lambda *idx: fast_exp(x.at(idx) - mx[_kidx(idx, axes)]), "rexp")
     eb = Buf(e, x.shape, F32)
-    sm, _ = _reduce_stage(eb, axes, lambda v, r: te.sum(v, axis=r), "rsum")
+    sm, _ = _reduce_stage(ctx, eb, axes, "sum", "rsum")
     ctx.schedule("rowwise" if _trailing(axes, x.rank) else "generic", rows=x.rank - 1)
     if log:
         return [Lazy(x.shape, outs[0].dtype,
@@ -60,10 +85,10 @@ def layernorm(ctx, a, ins, outs):
     axes = list(range(ax, x.rank))
     count = float(np.prod(x.shape[ax:]))
     inv = const(1.0 / count, F32)
-    msum, _ = _reduce_stage(x, axes, lambda v, r: te.sum(v, axis=r), "rmean")
+    msum, _ = _reduce_stage(ctx, x, axes, "sum", "rmean")
     mean = lambda k: msum[k] * inv  # noqa: E731
-    vsum, _ = _reduce_stage(Lazy(x.shape, F32, lambda idx: _sq(x.at(idx) - mean(_kidx(idx, axes)))),
-                            axes, lambda v, r: te.sum(v, axis=r), "rvar")
+    vsum, _ = _reduce_stage(ctx, Lazy(x.shape, F32, lambda idx: _sq(x.at(idx) - mean(_kidx(idx, axes)))),
+                            axes, "sum", "rvar")
     eps = float(a["epsilon"])
     ctx.schedule("rowwise", rows=ax)
 
@@ -86,18 +111,13 @@ def _bidx(idx, shape):
     return broadcast_index(idx, shape)
 
 
-REDUCERS = {
-    "ReduceSum": lambda v, r: te.sum(v, axis=r),
-    "ReduceMean": lambda v, r: te.sum(v, axis=r),
-    "ReduceMax": lambda v, r: te.max(v, axis=r),
-    "ReduceMin": lambda v, r: te.min(v, axis=r),
-}
+REDUCERS = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min"}
 
 
 def reduce(ctx, a, ins, outs, kind: str):
     (x,) = ins
     axes = sorted(range(x.rank) if not a["axes"] else {d % x.rank for d in a["axes"]})
-    st, kshape = _reduce_stage(x, axes, REDUCERS[kind], "reduce")
+    st, kshape = _reduce_stage(ctx, x, axes, REDUCERS[kind], "reduce")
     ctx.schedule("rowwise" if _trailing(axes, x.rank) and len(axes) < x.rank else "generic",
                  rows=x.rank - len(axes))
     buf = Buf(st, kshape, x.dtype if x.dtype not in ("float16", "bfloat16") else F32)

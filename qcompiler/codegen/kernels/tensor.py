@@ -45,6 +45,15 @@ def divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
+def padded_extent(n: int, tile: int) -> int:
+    """``n`` rounded up to a multiple of ``tile`` when ``n`` has no divisor of at least half the
+    tile (a sequence length of 197 has none), else ``n``: a kernel computes the extra rows (they
+    repeat the last one) and its view cuts them off, so that the register tile stays whole."""
+    if n <= tile or divisor_at_most(n, tile) * 2 >= tile:
+        return n
+    return -(-n // tile) * tile
+
+
 def const(v, dtype: str):
     if dtype == "bool":
         return tirx.const(bool(v), "bool")

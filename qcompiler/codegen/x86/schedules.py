@@ -483,10 +483,18 @@ def rowwise(sch, vw, rows):
     if rows == 0 or rows > len(loops):
         raise ValueError("rowwise: no row loops")
     r = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-    for name in ("reduce", "rvar", "rsum", "rexp", "rmean", "rmax"):
+    parts = []
+    for name in ("reduce", "reduce_part", "rvar", "rvar_part", "rsum", "rsum_part", "rexp",
+                 "rmean", "rmean_part", "rmax", "rmax_part"):
         b = _block(sch, name)
         if b is not None:
             sch.compute_at(b, r, preserve_unit_loops=True)
+            if name.endswith("_part"):
+                # (..., lane, ro): the lanes innermost, one vector of partial results per row
+                lane, ro = sch.get_loops(b)[-2:]
+                sch.reorder(ro, lane)
+                sch.vectorize(lane)
+                parts.append((b, ro))
             if name == "rexp":
                 lp = sch.get_loops(b)[1:]
                 c = sch.fuse(*lp) if len(lp) > 1 else lp[0]
@@ -502,6 +510,9 @@ def rowwise(sch, vw, rows):
             sch.vectorize(ci)
     if _extent(sch, r) > 1:
         threads.parallel(sch, r)
+    for b, ro in parts:                      # last: parallel() wants whole reduction blocks
+        init = sch.decompose_reduction(b, ro)
+        sch.vectorize(sch.get_loops(init)[-1])
 
 
 def se_mul(sch, vw, r):
