@@ -329,9 +329,40 @@ def probe_binary() -> Path:
 
 
 # ---- ONNX Runtime ----------------------------------------------------------------------------------
+VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def file_name(v, produced) -> str | None:
+    """The name under which a QDQ file holds value ``v``'s elements, in the same order: ``v``'s own;
+    or, for a value made by a fold (fold-qdq's row GEMM of a rank-3 MatMul, stored (B·S, N); a
+    conv1d run as a 4-d conv; the GEMM's (B·S, K) input rows), the name at the end of a chain of
+    reshapes that carries its quantization unchanged: forward, when the chain is ``v``'s only use,
+    or back through its producers. None: the file does not have it."""
+    def same(a, b):
+        return a.type.quant == b.type.quant
+
+    w = v
+    while w.name not in produced:                         # forward: v -> Reshape -> ... -> file value
+        users = w.users
+        if len(users) != 1 or users[0].kind not in VIEW_OPS or not users[0].results or \
+                not same(w, users[0].results[0]):
+            break
+        w = users[0].results[0]
+    else:
+        return w.name
+    w = v
+    while w.name not in produced:                         # back: file value -> Reshape -> ... -> v
+        op = w.producer
+        if op is None or op.kind not in VIEW_OPS or not op.operands or not same(w, op.operands[0]):
+            return None
+        w = op.operands[0]
+    return w.name
+
+
 def qdq_model(graph, qdq: str | Path | None, names: list[str]):
-    """The QDQ ONNX model (exported from ``graph`` or read from ``qdq``) with ``names`` as extra
-    outputs where it has them; returns (model, the names it has)."""
+    """The QDQ ONNX model (exported from ``graph`` or read from ``qdq``) with the values ``names``
+    of ``graph`` as extra outputs where it has them; returns (model, {name: its name in the file})
+    (:func:`file_name`)."""
     import onnx
     if qdq is None:
         from .frontend.qdq_export import export_qdq
@@ -345,10 +376,11 @@ def qdq_model(graph, qdq: str | Path | None, names: list[str]):
             raise UserError(f"cannot read it as ONNX ({type(e).__name__})", str(qdq),
                             "give the QDQ .onnx written by --export-qdq") from None
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-    have = [n for n in names if n in produced]
+    values = {v.name: v for v in list(graph.inputs) + [r for op in graph.ops for r in op.results]}
+    have = {n: f for n in names if (f := file_name(values[n], produced) if n in values else None)}
     outs = {o.name for o in model.graph.output}
-    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in have if n not in outs)
-    return model, set(have)
+    model.graph.output.extend(onnx.ValueInfoProto(name=f) for f in dict.fromkeys(have.values()) if f not in outs)
+    return model, have
 
 
 def run_ort(model, runs: list[dict], fetch: list[str], where: str) -> tuple[str, list[list[np.ndarray]]]:
@@ -438,12 +470,16 @@ def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
     out_names = [s.name for s in manifest["outputs"]]
     produced = {o for n in model.graph.node for o in n.output}
     layer_names = [d["name"] for d in dbg if values[d["name"]].type.quant is not None and d["name"] not in out_names]
-    if not have.intersection(layer_names) or any(n not in produced for n in out_names):
+    if not set(have).intersection(layer_names) or any(n not in produced for n in out_names):
         raise UserError("the QDQ model does not compute this artifact's values (no matching tensor names)",
                         str(qdq or out), "give the QDQ .onnx written by --export-qdq when this artifact was compiled")
-    fetch = out_names + [d["name"] for d in dbg if d["name"] in have and d["name"] not in out_names]
+    fetch = list(dict.fromkeys(out_names + [have[d["name"]] for d in dbg
+                                            if d["name"] in have and d["name"] not in out_names]))
     ort_info, ort_outs = run_ort(model, runs, fetch, str(qdq or out))
-    theirs = {n: np.stack([r[k] for r in ort_outs]) for k, n in enumerate(fetch)}
+    in_file = {n: np.stack([r[k] for r in ort_outs]) for k, n in enumerate(fetch)}
+    theirs = {n: in_file[n] for n in out_names}
+    theirs.update({d["name"]: in_file[have[d["name"]]].reshape((len(runs),) + tuple(d["shape"]))
+                   for d in dbg if d["name"] in have and d["name"] not in out_names})
 
     # ours: main and debug on the inputs; then debug_alone on ORT's value of every stored tensor
     inputs = [[feed[s.name] for s in manifest["inputs"]] for feed in runs]

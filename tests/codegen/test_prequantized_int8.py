@@ -141,3 +141,34 @@ def test_cuda_lowering_bit_exact_and_sm90_artifact_built(ort_qdq, tmp_path):
     manifest = read_manifest(out)
     assert manifest["target"]["dtype"] == "int8" and manifest["target"]["arch"] == ["sm_90"]
     assert b"sm_90" in (out / "model.so").read_bytes()
+
+
+def test_verify_compares_row_gemms_through_their_reshape(tmp_path, capsys):
+    """A rank-3 MatMul (a transformer's linear layer on (B, S, K)) folds to one GEMM over the B·S
+    rows, stored (B·S, N), and a Reshape back to the file's (B, S, N) value: verify compares that
+    GEMM with the file's value through the reshape, so no stored layer is "not in the QDQ model"."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from qdq_models import RNG
+    w1, w2 = RNG.normal(0, 0.3, (16, 24)).astype(np.float32), RNG.normal(0, 0.3, (24, 8)).astype(np.float32)
+    b1, b2 = RNG.normal(0, 0.1, 24).astype(np.float32), RNG.normal(0, 0.1, 8).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Add", ["m1", "b1"], ["a1"]),
+             h.make_node("Relu", ["a1"], ["r1"]), h.make_node("MatMul", ["r1", "w2"], ["m2"]),
+             h.make_node("Add", ["m2", "b2"], ["y"])]
+    g = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", T.FLOAT, [1, 12, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 12, 8])],
+                     [onnx.numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
+    src = tmp_path / "mlp.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(src))
+    xs = RNG.normal(0, 1, (40, 1, 12, 16)).astype(np.float32)
+    path = ort_quantize_static(str(src), [{"x": xs[i]} for i in range(32)], tmp_path / "qdq.onnx")
+    out = tmp_path / "x86"
+    assert main([path, "--debug-layers", "-o", str(out), "-q"]) == 0
+    np.save(tmp_path / "x.npy", xs[32:, 0])                    # 8 runs of (1, 12, 16)
+    code = main(["verify", str(out), "--data", str(tmp_path / "x.npy"), "--qdq", path, "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert code == 0, v["verdict"]
+    gemms = [r for r in v["layers"] if r["kind"] == "QLinearGemm"]
+    assert len(gemms) == 2 and all(r["max_lsb"] is not None and r["max_lsb"] <= 1 for r in gemms), v["layers"]
+    assert "not in the QDQ model" not in v["verdict"]
