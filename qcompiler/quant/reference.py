@@ -120,7 +120,8 @@ def _acc_int32(acc: np.ndarray, op: Op) -> np.ndarray:
     return acc
 
 
-def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1) -> np.ndarray:
+def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1,
+                 ties_even: bool = False) -> np.ndarray:
     qp = op.result.type.quant
 
     def per_channel(v, dtype=np.int64):
@@ -137,7 +138,7 @@ def _requant_out(op: Op, acc: np.ndarray, a: dict, channel_axis: int | None = 1)
         return hardswish.requantize(acc, hs, qp.zero_point[0], lo, hi)
     m, s = per_channel(a["multiplier"]), per_channel(a["shift"])
     lo, hi = activation_clamp(a.get("activation", ""), a.get("activation_params") or [], qp)
-    return requantize(acc, m, s, qp.zero_point[0], lo, hi)
+    return requantize(acc, m, s, qp.zero_point[0], lo, hi, ties_even)
 
 
 # ---- quantize / dequantize -----------------------------------------------------------------------
@@ -218,14 +219,14 @@ def _qmul(op, xs, a):
 def _qgap(op, xs, a):
     x = xs[0].astype(np.int64) - _zp(op, 0)
     acc = x.sum(axis=tuple(range(2, x.ndim)), keepdims=True)
-    return [_requant_out(op, _acc_int32(acc, op), a, None)]
+    return [_requant_out(op, _acc_int32(acc, op), a, None, ties_even=True)]
 
 
 @kernel("QLinearAveragePool")
 def _qavgpool(op, xs, a):
     x = xs[0].astype(np.int64) - _zp(op, 0)
     acc = sum(win for _, win in windows(x, a["kernel_shape"], a, _out_spatial(op), 0))
-    return [_requant_out(op, _acc_int32(acc, op), a, None)]
+    return [_requant_out(op, _acc_int32(acc, op), a, None, ties_even=True)]
 
 
 @kernel("Requantize")

@@ -95,13 +95,19 @@ def rounding_right_shift(v: np.ndarray, shift) -> np.ndarray:
     return np.right_shift(v + r, s)
 
 
-def requantize(acc: np.ndarray, multiplier, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
+def requantize(acc: np.ndarray, multiplier, shift, zero_point: int, lo: int, hi: int,
+               ties_even: bool = False) -> np.ndarray:
     """``clamp(zero_point + rrs(acc * multiplier, shift), lo, hi)`` as int64 (cast to the storage
     type by the caller). ``multiplier``/``shift`` are scalars or arrays broadcasting against ``acc``
-    (per channel)."""
+    (per channel). ``ties_even``: an exact half rounds to even, as ONNX QuantizeLinear does
+    (``(v + 2^(s-1) - 1 + ((v >> s) & 1)) >> s``; the same as half up everywhere else): the average
+    pools, whose sum over a window of 2^k inputs at equal scales is an exact half in 1 of 2^k cases."""
     s = np.asarray(shift, np.int64)
     v = np.multiply(np.asarray(acc, np.int64), np.asarray(multiplier, np.int64))   # in place from here on
-    v += np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)
+    r = np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)
+    if ties_even:
+        r = r - (s > 0) + (np.right_shift(v, s) & 1) * (s > 0)
+    v += r
     v >>= s
     v += np.int64(zero_point)
     return np.clip(v, lo, hi, out=v)

@@ -163,7 +163,7 @@ def qglobal_avgpool(ctx, a, ins, outs):
         cast(x.at((i, co * b + ci, rh, rw)), I32), axis=[rh, rw]), name="pool")
     ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
     accb = Buf(acc, outs[0].shape, I32, b) if x.block else Buf(acc, outs[0].shape, I32, 0)
-    rq = requant_fn(ctx, a, outs[0], None)
+    rq = requant_fn(ctx, a, outs[0], None, ties_even=True)
     off = tirx.const(h * w * zx, I32)
     return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(accb.at(idx) - off))]
 
@@ -188,7 +188,7 @@ def qavgpool(ctx, a, ins, outs):
     acc = compute((n, c // b, oh, ow, b), body, name="pool")
     ctx.schedule("pool", reg_n=1, pad=False, block=x.block)
     accb = Buf(acc, outs[0].shape, I32, b) if x.block else Buf(acc, outs[0].shape, I32, 0)
-    rq = requant_fn(ctx, a, outs[0], None)
+    rq = requant_fn(ctx, a, outs[0], None, ties_even=True)
     return [Lazy(outs[0].shape, outs[0].dtype, lambda idx: rq(accb.at(idx)))]
 
 

@@ -49,7 +49,7 @@ def _rounding(fs):
     return lambda ch: tirx.Select(fs(ch) > zero, tirx.shift_left(one, fs(ch) - one), zero)
 
 
-def requant_fn(ctx, a, out_type, channels: int | None):
+def requant_fn(ctx, a, out_type, channels: int | None, ties_even: bool = False):
     """``rq(acc, ch)``: the fixed-point requantization of an int32/int64 expression, clamped to
     [lo, hi] of the output (fused Relu/Clip included; a fused HardSwish is the integer epilogue of
     :func:`hardswish_fn`): int64, or on x86 for an int32 ``acc`` and shifts in [33, 62] the high
@@ -61,7 +61,10 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     The int32 shift amounts are written ``(s - 32) & 31`` and ``(s - 33) & 31`` (the same values
     for s in [33, 62]): TVM's bound analysis of ``x >> t`` with a shift ``t`` that may be negative
     or >= 32 (a per-channel shift loaded from an int8 constant) returned [-2, 1], and the simplifier
-    then dropped the clamp as always true; the mask gives ``t`` the bound [0, 31]."""
+    then dropped the clamp as always true; the mask gives ``t`` the bound [0, 31].
+
+    ``ties_even``: an exact half rounds to even (:func:`qcompiler.quant.requant.requantize`), in
+    int64 (the high-word form drops the low word that tells a tie apart)."""
     if (a.get("activation") or "") == "HardSwish":
         return hardswish_fn(ctx, a, out_type, channels)
     qp = out_type.quant
@@ -69,7 +72,8 @@ def requant_fn(ctx, a, out_type, channels: int | None):
     fm, fs, fr = _multiply_terms(ctx, a, channels or 1, "rq")
     zo = tirx.const(int(qp.zero_point[0]), I64)
     lo_c, hi_c = tirx.const(lo, I64), tirx.const(hi, I64)
-    narrow = is_x86(ctx) and narrow_shift_ok(a, channels or 1)
+    narrow = is_x86(ctx) and narrow_shift_ok(a, channels or 1) and not ties_even
+    one, zero = tirx.const(1, I64), tirx.const(0, I64)
     zo32, lo32, hi32 = (tirx.const(v, I32) for v in (int(qp.zero_point[0]), lo, hi))
     b31 = tirx.const(31, I32)
 
@@ -81,8 +85,11 @@ def requant_fn(ctx, a, out_type, channels: int | None):
             r32 = tirx.shift_left(tirx.const(1, I32), tirx.bitwise_and(s32 - tirx.const(1, I32), b31))
             y = tirx.shift_right(hi_w + r32, s32) + zo32
             return tirx.max(tirx.min(y, hi32), lo32)
-        v = cast(acc, I64) * cast(fm(ch), I64) + fr(ch)
-        v = tirx.shift_right(v, fs(ch)) + zo
+        p = cast(acc, I64) * cast(fm(ch), I64)
+        r = fr(ch)
+        if ties_even:                            # r - 1 + (bit s of the product), for s > 0
+            r = r + tirx.Select(fs(ch) > zero, tirx.bitwise_and(tirx.shift_right(p, fs(ch)), one) - one, zero)
+        v = tirx.shift_right(p + r, fs(ch)) + zo
         return tirx.max(tirx.min(v, hi_c), lo_c)
     return rq
 
