@@ -188,10 +188,13 @@ def sqnr_db(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
     return 10 * np.log10(max(num, 1e-30) / den)
 
 
-def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path) -> Path:
+def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path, per_channel: bool = True,
+                        symmetric: bool = False) -> Path:
     """ONNX Runtime's own post-training quantization of ``model`` on the same calibration feeds:
     ``quant_pre_process`` (shape inference and its graph optimizations) at the zoo's static input
-    shapes, then ``quantize_static`` (QDQ, per-channel int8 weights, uint8 activations, MinMax)."""
+    shapes, then ``quantize_static`` (QDQ, int8 weights per channel or with ``per_channel=False``
+    per tensor, MinMax; activations uint8 with a zero point, or with ``symmetric`` int8 with zero
+    point 0, ORT's ``ActivationSymmetric``)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -227,6 +230,7 @@ def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path) -> Path:
     import warnings
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+                        weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric})
     return out
