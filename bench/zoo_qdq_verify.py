@@ -26,10 +26,8 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 import zoo  # noqa: E402
-from zoo.harness import cli_args  # noqa: E402
+from zoo.harness import cli_args, save_runs  # noqa: E402
 
 VARIANTS = {"pc-asym": (True, False), "pt-asym": (False, False), "pc-sym": (True, True), "pt-sym": (False, True)}
 
@@ -54,9 +52,7 @@ def check(m, variant: str, tmp: Path, target: str, samples: int) -> dict:
             rc = qcompile(args)
         if rc != 0:
             raise RuntimeError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"rc {rc}")
-        feeds = m.feeds(samples, seed=1)
-        data = tmp / "eval.npz"
-        np.savez(data, **{k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
+        data = save_runs(m.feeds(samples, seed=1), tmp / "eval.npz")
         rep = verify(out, data, qdq=qdq)
         compared = rep.compared
         row.update(passed=rep.passed, verdict=rep.verdict(), layers=len(compared),

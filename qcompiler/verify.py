@@ -359,10 +359,10 @@ def file_name(v, produced) -> str | None:
     return w.name
 
 
-def qdq_model(graph, qdq: str | Path | None, names: list[str]):
-    """The QDQ ONNX model (exported from ``graph`` or read from ``qdq``) with the values ``names``
-    of ``graph`` as extra outputs where it has them; returns (model, {name: its name in the file})
-    (:func:`file_name`)."""
+def qdq_model(graph, qdq: str | Path | None, wanted: list):
+    """The QDQ ONNX model (exported from ``graph`` or read from ``qdq``) with the values ``wanted``
+    (of ``graph``) as extra outputs where it has them; returns (model, {value name: its name in the
+    file}) (:func:`file_name`)."""
     import onnx
     if qdq is None:
         from .frontend.qdq_export import export_qdq
@@ -376,8 +376,7 @@ def qdq_model(graph, qdq: str | Path | None, names: list[str]):
             raise UserError(f"cannot read it as ONNX ({type(e).__name__})", str(qdq),
                             "give the QDQ .onnx written by --export-qdq") from None
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-    values = {v.name: v for v in list(graph.inputs) + [r for op in graph.ops for r in op.results]}
-    have = {n: f for n in names if (f := file_name(values[n], produced) if n in values else None)}
+    have = {v.name: f for v in wanted if (f := file_name(v, produced))}
     outs = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=f) for f in dict.fromkeys(have.values()) if f not in outs)
     return model, have
@@ -466,7 +465,7 @@ def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
     runner = open_runner(out, manifest)
     dbg = manifest["debug"]["outputs"]
     values = {v.name: v for v in list(graph.inputs) + [r for op in graph.ops for r in op.results]}
-    model, have = qdq_model(graph, qdq, [d["name"] for d in dbg])
+    model, have = qdq_model(graph, qdq, [values[d["name"]] for d in dbg])
     out_names = [s.name for s in manifest["outputs"]]
     produced = {o for n in model.graph.node for o in n.output}
     layer_names = [d["name"] for d in dbg if values[d["name"]].type.quant is not None and d["name"] not in out_names]

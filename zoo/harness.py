@@ -50,6 +50,13 @@ def save_calib(feeds: list[dict], path: Path) -> Path:
     return path
 
 
+def save_runs(feeds: list[dict], path: Path) -> Path:
+    """The feeds as one .npz that ``qcompile verify --data`` splits back into the same runs: each
+    input's feeds joined along their batch axis."""
+    np.savez(path, **{k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
+    return path
+
+
 def options(m: ZooModel, dtype: str, calib_npz: Path | None = None, path: Path | None = None):
     """(ModelSource, CompileOptions) of ``m`` (or of ``path``, another file of it): x86, the CLI's
     defaults, calibration without a report evaluation (``cli_args`` gives the same build as a

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import zoo  # noqa: E402
-from zoo.harness import build, cli_args, max_rel_error  # noqa: E402
+from zoo.harness import build, cli_args, max_rel_error, save_runs  # noqa: E402
 
 EVAL_SAMPLES = 2
 CALIB_SAMPLES = 8
@@ -110,8 +110,6 @@ def check_prequantized(m, tmp_path: Path, request) -> None:
     import contextlib
     import io
 
-    import numpy as np
-
     from qcompiler.cli import main
     why = m.known.get("int8")
     if why:
@@ -119,8 +117,7 @@ def check_prequantized(m, tmp_path: Path, request) -> None:
     out = tmp_path / "int8"
     assert main(cli_args(m, "int8", out) + ["--debug-layers"]) == 0
     feeds = m.feeds(INT8_EVAL_SAMPLES, seed=1)
-    data = tmp_path / "eval.npz"
-    np.savez(data, **{k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
+    data = save_runs(feeds, tmp_path / "eval.npz")
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         rc = main(["verify", str(out), "--data", str(data), "--qdq", str(m.path())])

@@ -14,7 +14,7 @@ from ..target import Family
 from .conv import pick_block
 from .elementwise import activation
 from .tensor import (Buf, Lazy, broadcast_index, cast, compute, const, divisor_at_most, linearize, padded_extent,
-                     unravel)
+                     repeat_last, unravel)
 
 F32 = "float32"
 ROW_TILE = 8               # rows of a dense layer's register tile (x86/ARM)
@@ -42,7 +42,7 @@ def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
         wmat = np.concatenate([wmat, np.zeros((k, npad - n), wmat.dtype)], axis=1)
     wp = ctx.param(np.ascontiguousarray(wmat.reshape(k, npad // bn, bn).transpose(1, 0, 2)), "w_dense")
     rk = te.reduce_axis((0, k), "rk")
-    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+    row = repeat_last(m, mpad)
     d = compute((mpad, npad // bn, bn), lambda i, no, ni: te.sum(
         a2.at((row(i), rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
     ctx.schedule("dense", mb=divisor_at_most(mpad, ROW_TILE))
@@ -124,7 +124,7 @@ def matmul(ctx, a, ins, outs):
         bshape = b_sh[:-1] + (npad,)
         B2 = Buf(compute(bshape, lambda *idx: tirx.if_then_else(
             idx[-1] < n, B2.at(idx[:-1] + (tirx.min(idx[-1], n - 1),)), const(0.0, F32)), name="bpad"), bshape, F32)
-    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+    row = repeat_last(m, mpad)
     rk = te.reduce_axis((0, k), "rk")
 
     def body(*idx):

@@ -47,7 +47,7 @@ from tvm import te, tirx
 from ..arm.intrin import register_lane
 from ..intrin import DotIsa
 from ..isa import dot_intrin, int8_isa
-from .tensor import Buf, cast, compute, divisor_at_most, padded_extent
+from .tensor import Buf, cast, compute, divisor_at_most, padded_extent, repeat_last
 
 I32 = "int32"
 INDEXED_SDOT = True      # arm: indexed sdot over the input-channel block (scripts/arm_sdot_mca.py compares)
@@ -266,7 +266,7 @@ def dense(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
         Ap = None
     if Ap is None:
         fill = tirx.const(0, isa.a_dtype)
-        row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+        row = repeat_last(m, mpad)
         Ap = compute((mpad, kp), lambda i, j: tirx.if_then_else(
             j < kk, _to_a(isa, A.at((row(i), tirx.min(j, kk - 1))), A.dtype), fill) if kp != kk
             else _to_a(isa, A.at((row(i), j)), A.dtype), name="pad")

@@ -42,7 +42,7 @@ from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32
 from .requant import (float_channel_vec, folded_bias, hardswish_fn, is_cpu, is_x86, requant_fn, requantized,
                       round_half_even)
 from .tensor import (Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize,
-                     padded_extent)
+                     padded_extent, repeat_last)
 
 I32, I64, F32 = "int32", "int64", "float32"
 I16 = "int16"
@@ -142,8 +142,8 @@ def _dense_int16(ctx, A, w, m, n, kk):
         wmat = np.concatenate([wmat, np.zeros((kk, npad - n), w.dtype)], axis=1)
     wp = ctx.param(np.ascontiguousarray(wmat.reshape(kk, npad // bn, bn).transpose(1, 0, 2)), "qw_dense")
     rk = te.reduce_axis((0, kk), "rk")
-    mpad = m if _is_cuda(ctx) else padded_extent(m, 8)     # whole register tiles (see linalg._dense)
-    row = (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+    mpad = padded_extent(m, 8)      # whole register tiles (see linalg._dense); CUDA never comes here
+    row = repeat_last(m, mpad)
     d = compute((mpad, npad // bn, bn), lambda i, no, ni: te.sum(
         _mul(A.at((row(i), rk)), wp[no, rk, ni]), axis=[rk]), name="dense")
     ctx.schedule("dense", mb=divisor_at_most(mpad, 8))

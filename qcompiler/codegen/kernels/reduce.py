@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .elementwise import fast_exp
 from ..target import Family
+from .elementwise import fast_exp
 from .tensor import Buf, Lazy, compute, const, dtype_of
 
 F32 = "float32"

@@ -54,6 +54,12 @@ def padded_extent(n: int, tile: int) -> int:
     return -(-n // tile) * tile
 
 
+def repeat_last(m: int, mpad: int):
+    """The row index map of a kernel computing ``mpad >= m`` rows of an ``m``-row operand
+    (:func:`padded_extent`): rows past the end read the last one."""
+    return (lambda i: i) if mpad == m else (lambda i: tirx.min(i, m - 1))
+
+
 def const(v, dtype: str):
     if dtype == "bool":
         return tirx.const(bool(v), "bool")
