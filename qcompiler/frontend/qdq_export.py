@@ -141,7 +141,7 @@ def to_qdq_graph(graph: Graph, *, float_bias: bool = False, uint8_weights: bool 
     exactly on every CPU."""
     g = graph.clone()
     for op in g.ops:
-        if op.kind in _FLOAT_FORM and op.results and op.result.type.quant is not None:
+        if op.kind in _FLOAT_FORM and op.results and (op.result.type.quant is not None or op.kind == "QLinearGemm"):
             if uint8_weights and op.kind in ("QLinearConv", "QLinearGemm"):
                 _weights_as_uint8(g, op)
             _expand(g, op, float_bias)
@@ -204,6 +204,12 @@ def _expand(g: Graph, op: Op, float_bias: bool) -> None:
             y = _scaled_hardswish(g, y, params, name, op)
         elif act:
             y = make_activation(g, act, params, y, name=f"{name}/{act.lower()}", before=op).result
+    if r.type.quant is None:                        # a dequantizing QLinearGemm: its float result as it is
+        g.replace_op(op, [y])
+        g.rename_op(y.producer, name)
+        if not g.has_value(rname):
+            g.rename(y, rname)
+        return
     q = g.create_op("QuantizeLinear", [y], result_types=[TensorType(r.shape, r.dtype, r.type.quant)],
                     name=f"{name}/q", result_names=[rname + "_qdq"], before=op)
     g.replace_op(op, [q.result])

@@ -28,7 +28,7 @@ class OpDef:
     defaults: dict[str, Any] = field(default_factory=dict)
     num_operands: tuple[int, int] = (1, 1)        # (min, max)
     doc: str = ""
-    quantized_result: bool = False                # results must have a quantized type (verifier)
+    quantized_result: Any = False                 # results must have a quantized type (verifier); or f(attrs) -> bool
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -39,7 +39,7 @@ class InferError(ValueError):
 
 
 def register_op(kind: str, infer: InferFn | None, defaults: dict | None = None,
-                num_operands: tuple[int, int] = (1, 1), doc: str = "", quantized_result: bool = False) -> OpDef:
+                num_operands: tuple[int, int] = (1, 1), doc: str = "", quantized_result: Any = False) -> OpDef:
     d = OpDef(kind, infer, dict(defaults or {}), num_operands, doc, quantized_result)
     REGISTRY[kind] = d
     return d

@@ -155,8 +155,19 @@ def _qlinear_gemm(ts, a):
     if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
         raise InferError(f"QLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
     _check_weight_bias("QLinearGemm", ts, W.shape[0])
+    if dequantizes(a):                              # float32 result: y = f32(acc) * f32(s_a s_w[n])
+        if a.get("shift") or a["activation"] not in ("", "Relu", "Clip"):
+            raise InferError("QLinearGemm with a float32 result (multiplier = []) takes no shift and only a "
+                             "Relu/Clip activation")
+        return [TensorType((A.shape[0], W.shape[0]), "float32")]
     _requant_attrs("QLinearGemm", a, W.shape[0], act="epilogue")
     return [TensorType((A.shape[0], W.shape[0]), A.dtype)]
+
+
+def dequantizes(a: dict) -> bool:
+    """Whether a QLinearGemm's attributes ask for its float32 (dequantized) result: ``multiplier = []``."""
+    m = a.get("multiplier")
+    return m is not None and len(m) == 0
 
 
 def _qlinear_add(ts, a):
@@ -203,8 +214,10 @@ register_op("DequantizeLinear", _dequantize_linear, doc="x = (q - zero_point) * 
 register_op("QLinearConv", _qlinear_conv, {"strides": None, "dilations": None, "pads": None, "group": 1,
                                            **_ACT, **_RQ, "hardswish": []}, (2, 3), quantized_result=True,
             doc="int8 conv: xq, wq[, bq int32]; fixed-point requantization")
-register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ, "hardswish": []}, (2, 3), quantized_result=True,
-            doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization")
+register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ, "hardswish": []}, (2, 3),
+            quantized_result=lambda a: not dequantizes(a),
+            doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization, or with "
+                "multiplier = [] the float32 result f32(acc) * f32(s_a s_w[n]) (ONNX Runtime's QGemm without y_scale)")
 register_op("QLinearAdd", _qlinear_add, {**_ACT, **_RQ}, (2, 2), quantized_result=True,
             doc="both operands rescaled to the output scale with one shared shift")
 register_op("QLinearMul", _qlinear_mul, {**_ACT, **_RQ}, (2, 2), quantized_result=True,

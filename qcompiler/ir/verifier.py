@@ -81,7 +81,9 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
             if r.name in names and err(f"{where}: value name %{r.name} defined twice"):
                 return errs
             names.add(r.name)
-            if d is not None and d.quantized_result and r.type.quant is None and err(
+            qr = d is not None and (d.quantized_result({**d.defaults, **op.attrs}) if callable(d.quantized_result)
+                                    else d.quantized_result)
+            if qr and r.type.quant is None and err(
                     f"{where}: result %{r.name} must have a quantized type, got {r.type}"):
                 return errs
             if r.type.quant is not None:

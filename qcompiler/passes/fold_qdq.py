@@ -10,6 +10,8 @@ QuantizeLinear; the importer keeps each Q/DQ with its scale and zero point as th
     DQ(x_q) DQ(w_q) [DQ(b_q)] -> Conv [-> Relu|Clip|HardSwish] -> Q   =>   QLinearConv(x_q, w_q, b_q)
     DQ(x_q) DQ(w_q) [b] -> Gemm|MatMul [-> act] -> Q                  =>   QLinearGemm (MatMul of a
                                                                            rank-3 input: Reshape, QLinearGemm, Reshape)
+    DQ(x_q) DQ(w_q) [b] -> Gemm|MatMul [{Relu|Clip}], no Q after      =>   QLinearGemm with a float32 result
+                                                                           (TensorRT-style Q/DQ on inputs only)
     DQ(a_q) DQ(b_q) -> Add|Mul [-> Relu|Clip] -> Q                    =>   QLinearAdd | QLinearMul
     DQ(x_q) -> GlobalAveragePool|AveragePool -> Q                     =>   QLinear(Global)AveragePool
     DQ(x_q) -> MaxPool|Reshape|Transpose|Slice|Pad|Relu|... -> Q      =>   the op on x_q (Requantize where
@@ -255,8 +257,11 @@ class Folder:
                                    name=post.name + "_q", result_names=[q.result.name + "_post"], before=q).result
         self.put(q, out, dead, new, {"output": qp_summary(qo), **info})
 
-    def linear(self, op: Op, q: Op, act: str, params: list, out_type) -> tuple:
-        g, qo = self.g, q.result.type.quant
+    def linear(self, op: Op, q: Op | None, act: str, params: list, out_type) -> tuple:
+        """The QLinearConv/QLinearGemm of ``op`` requantized to ``q``'s params, or (``q`` None, a
+        Gemm) with its float32 result."""
+        g, qo = self.g, q.result.type.quant if q is not None else None
+        anchor, rname = (q, q.result.name) if q is not None else (op, op.result.name)
         if len(op.operands) > 3:
             raise Decline("a residual operand fused into the conv")
         if act and act not in FOLDABLE_ACTS + ("HardSwish",):
@@ -298,7 +303,9 @@ class Folder:
         xqp = x.type.quant
         bq = self.bias(b, xqp, wqp, n, beta)
         try:
-            if act == "HardSwish":
+            if qo is None:
+                attrs.update(multiplier=[], shift=[])
+            elif act == "HardSwish":
                 attrs.update(hardswish_attrs(xqp.scale[0], wqp.scale, qo, [], n))
             else:
                 ms, ss = conv_multipliers(xqp.scale[0], wqp.scale, qo.scale[0])
@@ -317,15 +324,45 @@ class Folder:
             m = int(np.prod(lead))
             operands[0] = g.create_op("Reshape", [x], {"shape": [m, x.shape[-1]]},
                                       result_types=[x.type.with_shape((m, x.shape[-1])).with_quant(xqp)],
-                                      name=op.name + "/rows", result_names=[x.name + "_rows"], before=q).result
+                                      name=op.name + "/rows", result_names=[x.name + "_rows"], before=anchor).result
             new = g.create_op(kind, operands, attrs, result_types=[out_type.with_shape((m, n)).with_quant(qo)],
-                              name=op.name + "_q", result_names=[q.result.name + "_rows"], before=q)
+                              name=op.name + "_q", result_names=[rname + "_rows"], before=anchor)
             back = g.create_op("Reshape", [new.result], {"shape": list(lead) + [n]}, result_types=[out_type],
-                               name=op.name + "/unrows", result_names=[q.result.name + "_gemm"], before=q)
+                               name=op.name + "/unrows", result_names=[rname + "_gemm"], before=anchor)
             return new, back.result, info
         new = g.create_op(kind, operands, attrs, result_types=[out_type], name=op.name + "_q",
-                          result_names=[q.result.name + "_new"], before=q)
+                          result_names=[rname + "_new"], before=anchor)
         return new, new.result, info
+
+    def run_float_results(self) -> None:
+        """A Gemm/MatMul of a DequantizeLinear'd activation by a DequantizeLinear'd constant whose
+        result no QuantizeLinear takes (TensorRT's explicit quantization puts Q/DQ on the inputs of a
+        layer only; our own export of a GEMM that returns float32): QLinearGemm with a float32 result."""
+        for op in list(self.g.ops):
+            if op.graph is None or op.kind not in GEMMS or op.name in self.layers or op.result.type.quant is not None:
+                continue
+            x = op.operands[0]
+            while _moves(x.producer):
+                x = x.producer.operands[0]
+            if x.producer is None or x.producer.kind != "DequantizeLinear" or _dq_const(op.operands[1]) is None:
+                continue
+            act = op.attrs.get("activation") or ""
+            params = list(op.attrs.get("activation_params") or [])
+            try:
+                if act not in FOLDABLE_ACTS + ("",):
+                    raise Decline(f"activation {act} has no float32 epilogue")
+                new, out, info = self.linear(op, None, act, params, op.result.type)
+            except Decline as why:
+                self.layers.setdefault(op.name, {"kind": op.kind, "precision": "float", "reason": str(why)})
+                continue
+            name, rname = op.name, op.result.name
+            op.result.replace_all_uses_with(out)
+            self.g.erase_op(op)
+            self.g.rename_op(new, name)
+            if not self.g.has_value(rname):
+                self.g.rename(out, rname)
+            self.layers[name] = {"precision": "int8", **info, "output": {"dtype": "float32"}}
+            self.folded += 1
 
     def binary(self, op: Op, q: Op, act: str, params: list, out_type) -> tuple:
         qo = q.result.type.quant
@@ -481,6 +518,7 @@ def fold_qdq(graph: Graph, ctx: PassContext) -> bool:
     ctx.data["quantize.float_graph"] = float_reference(graph)
     f = Folder(graph)
     f.run()
+    f.run_float_results()
     f.sweep()
     f.record_float()
     dequantize_weights(graph, ctx)          # DQ/Q of constants left: a float layer's weights

@@ -22,7 +22,9 @@ reference interpreter; :func:`~.quantize_bias.bias_correction_helps`: it cost us
 
 1. prepare: what an integer kernel cannot fuse is split off: FusedConv(X, W, B, Z) becomes
    FusedConv(X, W, B) -> Add(., Z) -> activation, and activations other than Relu/Clip/HardSwish
-   (Sigmoid, LeakyRelu, ...) become standalone ops that stay float.
+   (Sigmoid, LeakyRelu, ...) become standalone ops that stay float; a transformer's linear layer
+   (MatMul of a (B, S, K) activation by a constant matrix, and its bias Add) becomes one GEMM over
+   the B·S rows between two Reshapes.
 2. plan, in topological order (``keep_float`` names or kinds stay float):
 
    ===============================================  =========================================
@@ -34,8 +36,13 @@ reference interpreter; :func:`~.quantize_bias.bias_correction_helps`: it cost us
    z·HardSigmoid(S·z) (equalize's form, S > 0)      quantization point (qcompiler.quant.hardswish)
    HardSwish after a QLinear conv/gemm (one use)    the same epilogue
    Gemm, FusedGemm, MatMul with const W             QLinearGemm (2-D input, transA = 0, bias
-                                                    with N elements; W stored N x K)
-   Add                                              QLinearAdd, when an operand is quantized
+                                                    with N elements; W stored N x K); with a
+                                                    float32 result when no integer op reads it
+   MatMul of a rank-3+ activation by a const        Reshape to rows -> QLinearGemm (+ the bias
+   matrix (+ a bias Add)                            Add) -> Reshape (step 1)
+   Add                                              QLinearAdd, when an operand is quantized and an
+                                                    integer op reads the sum (else float: no
+                                                    quantization point that only float ops read)
    Mul of two activations                           QLinearMul, when an operand is quantized (the
                                                     other, e.g. a squeeze-excite gate from
                                                     HardSigmoid, gets a QuantizeLinear);
@@ -73,17 +80,20 @@ Before (with ``ranges={"x": (-1, 1), "y": (0, 3)}`` in the options instead of ca
     graph @g(%x: tensor<1x4xf32>) {
       %w = const dense<[0.5, -1.0, 0.25, 0.0, 1.0, 0.5, -0.5, 0.25]> : tensor<2x4xf32>
       %y = FusedGemm(%x, %w) {activation = "Relu", activation_params = [], alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<1x2xf32>
-      return %y
+      %v = const dense<[1.0, -0.5]> : tensor<1x2xf32>
+      %z = Gemm(%y, %v) {alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<1x1xf32>
+      return %z
     }
 
-After (x: 2/255 per step around 127; y: 3/255 from 0; M = s_x s_w / s_y = 1442928868 * 2^-38)::
+After (x: 2/255 per step around 127; y: 3/255 from 0; M = s_x s_w / s_y = 1442928868 * 2^-38; z: f32)::
 
     graph @g(%x: tensor<1x4xf32>) {
       %w_q = const dense<[63, -127, 32, 0, 127, 63, -63, 32]> : tensor<2x4x!quant.uniform<i8:f32:0, {0.007874017:0, 0.007874017:0}>>
+      %v_q = const dense<[127, -63]> : tensor<1x2x!quant.uniform<i8:f32:0, {0.007874017:0}>>
       %x_q = QuantizeLinear(%x) : tensor<1x4x!quant.uniform<u8:f32, 0.007843138:127>>
-      %y_q = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [1442928868, 1442928868], shift = [38, 38]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
-      %y = DequantizeLinear(%y_q) : tensor<1x2xf32>
-      return %y
+      %y = QLinearGemm(%x_q, %w_q) {activation = "Relu", activation_params = [], multiplier = [1442928868, 1442928868], shift = [38, 38]} : tensor<1x2x!quant.uniform<u8:f32, 0.011764706:0>>
+      %z = QLinearGemm(%y, %v_q) {activation = "", activation_params = [], multiplier = [], shift = []} : tensor<1x1xf32>
+      return %z
     }
 """
 from __future__ import annotations

@@ -70,7 +70,12 @@ def _split_off(op: Op) -> tuple[str | None, str | None]:
 
 
 def prepare(graph: Graph, opts: QuantizeOptions) -> None:
-    """Split residual adds and non-foldable activations off FusedConv/FusedGemm."""
+    """Split residual adds and non-foldable activations off FusedConv/FusedGemm, and make a
+    MatMul of a rank-3+ activation by a constant matrix (a transformer's linear layer) one row
+    GEMM (:func:`_rows_gemm`)."""
+    for op in graph.ops:
+        if _rows_gemm_bias(op, opts) is not False:
+            _rows_gemm(graph, op, opts)
     for op in graph.ops:
         if not _splits(op, opts):
             continue
@@ -92,6 +97,68 @@ def prepare(graph: Graph, opts: QuantizeOptions) -> None:
         graph.rename_op(base, name)
         if not graph.has_value(rname):
             graph.rename(last, rname)
+
+
+def _rows_gemm_bias(op: Op, opts: QuantizeOptions):
+    """For a MatMul ``x @ W`` with x a float activation of rank >= 3 and W a constant matrix: the
+    Add that adds a constant bias of W's N columns to its only use (None: no such Add). False:
+    ``op`` is not such a MatMul, or is kept float."""
+    if op.kind != "MatMul" or _kept_float(op, opts) or len(op.operands) != 2:
+        return False
+    x, w = op.operands
+    if not _is_float(x) or x.is_const or x.type.rank < 3 or not w.is_const or w.type.rank != 2:
+        return False
+    if any(not isinstance(d, int) for d in x.shape):
+        return False
+    n, r = w.shape[1], op.result
+    if not single_use(r):
+        return None
+    add, _ = next(iter(r.uses))
+    if add.kind != "Add" or _kept_float(add, opts) or not _is_float(add.result):
+        return None
+    b = next((v for v in add.operands if v is not r), None)
+    if (b is None or not b.is_const or b.data.size != n or b.type.rank > r.type.rank
+            or (b.type.rank and b.shape[-1] != n)):
+        return None
+    return add, b
+
+
+def _rows_gemm(graph: Graph, op: Op, opts: QuantizeOptions) -> None:
+    """``y = x @ W (+ b)`` with x of shape (d1, ..., dk, K) becomes the one 2-D GEMM over all rows
+    that QLinearGemm runs, between two Reshapes (which carry the quantized value unchanged)::
+
+        y = Reshape(Gemm(Reshape(x, [d1···dk, K]), W, b), [d1, ..., dk, N])
+
+    The Gemm keeps the MatMul's name (``--keep-float NAME`` and the report name the layer as in
+    the model) and the bias Add, when there is one, is absorbed into it. The same rows form as
+    fold-qdq gives a QDQ model's rank-3 MatMul."""
+    found = _rows_gemm_bias(op, opts)
+    x, w = op.operands
+    lead, k, n = tuple(x.shape[:-1]), x.shape[-1], w.shape[1]
+    m = int(np.prod(lead))
+    add, b = found if found else (None, None)
+    last = add.result if add is not None else op.result
+    rows = next((u.result for u, _ in x.uses if u.kind == "Reshape" and u.attrs.get("shape") == [m, k]), None)
+    if rows is None:                    # one row view per activation: Q, K and V projections share it (and its Q)
+        at = {"after": x.producer} if x.producer is not None else {"before": op}
+        rows = graph.create_op("Reshape", [x], {"shape": [m, k]}, result_types=[x.type.with_shape((m, k))],
+                               name=op.name + "/rows", result_names=[x.name + "_rows"], **at).result
+    operands = [rows, w]
+    if b is not None:
+        operands.append(b if b.type.rank == 1 else graph.add_const(b.data.reshape(n), b.name + "_row"))
+    gemm = graph.create_op("Gemm", operands, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
+                           result_types=[last.type.with_shape((m, n))], name=op.name + "_gemm",
+                           result_names=[op.result.name + "_rows"], before=op)
+    back = graph.create_op("Reshape", [gemm.result], {"shape": list(lead) + [n]}, result_types=[last.type],
+                           name=op.name + "/unrows", result_names=[last.name + "_unrows"], before=op)
+    name, out_name = op.name, last.name
+    last.replace_all_uses_with(back.result)
+    if add is not None:
+        graph.erase_op(add)
+    graph.erase_op(op)
+    graph.rename_op(gemm, name)
+    if not graph.has_value(out_name):
+        graph.rename(back.result, out_name)
 
 
 def _fuses_hardswish(act: str, opts: QuantizeOptions) -> bool:
@@ -116,7 +183,7 @@ def _decline(op: Op) -> str | None:
             return "only 2-D convolutions (rank-4 input) are quantized"
         return None
     if ops[0].type.rank != 2 or ops[1].type.rank != 2:
-        return "only 2-D Gemm/MatMul operands are quantized"
+        return "only 2-D Gemm/MatMul operands, or a rank-3+ activation by a constant matrix, are quantized"
     if op.kind != "MatMul":
         if op.attrs.get("transA", 0):
             return "transA = 1"
@@ -148,10 +215,51 @@ class Plan:
     gate: dict = field(default_factory=dict)    # compute op -> HardSwish activation_params ([alpha, beta, S...])
     why: dict = field(default_factory=dict)     # float op -> reason
     boundary: set = field(default_factory=set)  # float values entering quantized ops (need a Q)
+    float_out: set = field(default_factory=set)  # compute gemms whose result stays float32 (no integer reader)
+
+
+NO_INTEGER_READER = "its result feeds no integer op"
 
 
 def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
-    p = Plan()
+    """Each op's role, with no quantization point that only float ops read: an Add or Mul whose
+    result no integer op reads stays float (quantizing it would add a rounding and save nothing:
+    a transformer's residual Add before its LayerNorm, GELU's x·Φ(x)), and a Gemm whose result no
+    integer op reads returns it dequantized in float32 (QLinearGemm with ``multiplier = []``:
+    the FFN's second GEMM before the residual, the classifier's logits). Planned again until no
+    such op is left (a demoted Add can leave its producer without an integer reader)."""
+    demoted: set[Op] = set()
+    float_out: set[Op] = set()
+    while True:
+        p = _plan(graph, opts, demoted, float_out)
+        need = _read_quantized(graph, p)
+        unread = [op for op, r in p.role.items() if r == "compute" and op not in float_out and p.out[op] not in need]
+        new_d = {op for op in unread if op.kind in ("Add", "Mul")}
+        new_f = {op for op in unread if op.kind in GEMMS and op not in p.gate
+                 and (op not in p.fold or p.fold[op].kind in ("Relu", "Clip"))       # unfolded next time
+                 and (op.attrs.get("activation") or "") in ("", "Relu", "Clip")}
+        if not new_d and not new_f:
+            p.float_out = float_out
+            return p
+        demoted |= new_d
+        float_out |= new_f
+
+
+def _read_quantized(graph: Graph, p: Plan) -> set[Value]:
+    """The float values that some integer op reads in quantized form (directly, or through ops
+    that keep the params: Reshape, MaxPool, ...)."""
+    need: set[Value] = set()
+    for op in reversed(graph.ops):
+        r = p.role.get(op)
+        if r in ("compute", "concat"):
+            need.update(op.operands[:1] if op.kind in CONVS + GEMMS else op.operands)
+        elif r == "keep" and op.result in need:
+            need.add(op.operands[0])
+    return need
+
+
+def _plan(graph: Graph, opts: QuantizeOptions, demoted: set, float_out: set) -> Plan:
+    p = Plan(float_out=float_out)
     quantized: set[Value] = set()                   # float values that will exist quantized
     for op in graph.ops:
         role, why = None, None
@@ -161,6 +269,8 @@ def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
             continue
         if _kept_float(op, opts):
             why = "kept float (keep_float)"
+        elif op in demoted:
+            why = NO_INTEGER_READER
         elif op.kind in CONVS + GEMMS:
             why = _decline(op)
             role = "compute" if why is None else None
@@ -204,7 +314,8 @@ def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
         if role in ("compute", "concat"):
             acts = op.operands[:1] if op.kind in CONVS + GEMMS else op.operands
             p.boundary.update(v for v in acts if v not in quantized)
-        quantized.add(op.result)
+        if op not in float_out:
+            quantized.add(op.result)
     return p
 
 
@@ -231,7 +342,7 @@ def _claim_scaled_hardswish(p: Plan, op: Op, opts: QuantizeOptions) -> None:
 
 def _foldable(p: Plan, x: Value) -> bool:
     prod = x.producer
-    return (prod is not None and p.role.get(prod) == "compute" and prod not in p.fold
+    return (prod is not None and p.role.get(prod) == "compute" and prod not in p.fold and prod not in p.float_out
             and prod.kind in CONVS + GEMMS + ("Add", "Mul") and not prod.attrs.get("activation")
             and single_use(x))
 
@@ -266,7 +377,7 @@ def value_ranges(graph: Graph, names: list[str], opts: QuantizeOptions, info: di
 
 
 def activation_qparams(graph: Graph, p: Plan, opts: QuantizeOptions, info: dict) -> tuple[dict, dict]:
-    need = [v for v in p.out.values()] + [op.result for op, r in p.role.items() if r == "concat"]
+    need = [v for op, v in p.out.items() if op not in p.float_out] + [op.result for op, r in p.role.items() if r == "concat"]
     need += sorted(p.boundary, key=lambda v: v.name)
     ranges = value_ranges(graph, list(dict.fromkeys(v.name for v in need)), opts, info)
     scheme = qpm.symmetric if opts.symmetric_activations else qpm.asymmetric

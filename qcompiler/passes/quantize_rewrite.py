@@ -53,14 +53,18 @@ class Rewriter:
         self.qv[v] = q
         return q
 
-    def replace(self, op: Op, kind: str, operands: list[Value], attrs: dict, out: Value, qp: QuantParams) -> Op:
-        """Put ``kind`` in place of ``op`` (and a folded activation); float users get a DQ."""
+    def replace(self, op: Op, kind: str, operands: list[Value], attrs: dict, out: Value, qp: QuantParams | None) -> Op:
+        """Put ``kind`` in place of ``op`` (and a folded activation); float users get a DQ (``qp``
+        None: the new op's result is float32 and takes ``out``'s place)."""
         g, name, out_name = self.g, op.name, out.name
-        new = g.create_op(kind, operands, attrs, result_types=[out.type.with_quant(qp)], name=name + "_q",
-                          result_names=[out_name + "_q"], before=op)
+        new = g.create_op(kind, operands, attrs, result_types=[out.type if qp is None else out.type.with_quant(qp)],
+                          name=name + "_q", result_names=[out_name + ("_f" if qp is None else "_q")], before=op)
         q = new.result
-        self.stands_for[q] = out_name
-        if out.uses or is_output(out):
+        if qp is None:
+            out.replace_all_uses_with(q)
+        else:
+            self.stands_for[q] = out_name
+        if qp is not None and (out.uses or is_output(out)):
             dq = g.create_op("DequantizeLinear", [q], name="dequantize_" + out_name,
                              result_names=[out_name + "_dq"], after=new)
             self.dqs.append(dq)
@@ -98,7 +102,7 @@ class Rewriter:
 
     def compute(self, op: Op) -> None:
         out = self.p.out[op]
-        qo = self.P[out]
+        qo = None if op in self.p.float_out else self.P[out]
         act, params = "", []
         if op in self.p.fold:
             f = self.p.fold[op]
@@ -138,7 +142,8 @@ class Rewriter:
             info["input"] = qp_summary(x.type.quant)
         rng = list(self.ranges.get(out.name, ()))
         new = self.replace(op, kind, operands, attrs, out, qo)
-        self.layers[new.name] = {"kind": kind, "precision": "int8", **info, "output": qp_summary(qo),
+        self.layers[new.name] = {"kind": kind, "precision": "int8", **info,
+                                 "output": qp_summary(qo) if qo is not None else {"dtype": "float32"},
                                  "range": rng, "method": self.opts.method}
 
     def linear(self, op: Op, info: dict) -> tuple[str, list[Value], dict]:
@@ -174,8 +179,11 @@ class Rewriter:
             bqp = qpm.bias_params(x.type.quant, wqp)
             bname = op.operands[2].name if len(op.operands) >= 3 else op.name + "_bias"
             operands.append(self.g.add_const(quantize(b, bqp), bname + "_q", quant=bqp))
-        ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
-        attrs.update(multiplier=ms, shift=ss)
+        if op in self.p.float_out:                              # float32 result: f32(acc) * s_x s_w
+            attrs.update(multiplier=[], shift=[])
+        else:
+            ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
+            attrs.update(multiplier=ms, shift=ss)
         info["input"] = qp_summary(x.type.quant)
         info["weight"] = {"per_channel": wqp.per_channel, "channels": int(w.shape[0]),
                           "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}

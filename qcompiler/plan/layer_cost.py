@@ -161,7 +161,7 @@ class LayerCosts:
                if not v.is_const]
         outputs = {id(v) for v in self.graph.outputs}
         for op, role in p.role.items():
-            if role == "fold":
+            if role == "fold" or op in p.float_out:        # a float32 result: dequantized in the epilogue
                 continue
             v = p.out.get(op, op.result)
             if id(v) in outputs or any(u not in p.role for u in v.users):

@@ -159,7 +159,7 @@ def chunks(data: EvalData, size: int, batch: int) -> Iterator[tuple[dict[str, np
 def _is_layer(op: Op, float_layers: set[str]) -> bool:
     if op.kind == "DequantizeLinear" or len(op.results) != 1:      # multi-result ops (Split) are not layers
         return False
-    return op.result.type.quant is not None or op.name in float_layers
+    return op.result.type.quant is not None or op.name in float_layers or op.kind == "QLinearGemm"
 
 
 def quantized_ops(graph: Graph) -> list[Op]:
@@ -171,6 +171,12 @@ def quantized_ops(graph: Graph) -> list[Op]:
 def _method(scheme: dict, percentile: float | None) -> str:
     m = scheme.get("method", "?")
     return f"percentile {percentile:g}" if m == "percentile" and percentile is not None else m
+
+
+def _weight_row(op: Op) -> dict:
+    w = op.operands[1].type.quant
+    return {"dtype": w.storage, "per_channel": w.axis is not None, "count": len(w.scale),
+            "scale_min": float(min(w.scale)), "scale_max": float(max(w.scale))}
 
 
 def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
@@ -186,6 +192,10 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         qp = op.result.type.quant
         row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name,
                                "shape": list(op.result.shape)}
+        if qp is None and op.kind == "QLinearGemm":         # int8 GEMM, float32 (dequantized) result
+            row.update(precision="int8>f32", weight=_weight_row(op))
+            rows.append(row)
+            continue
         if qp is None:
             row.update(precision="float", reason=info.get(op.name, {}).get("reason", ""))
             rows.append(row)
@@ -194,9 +204,7 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         s, z = float(qp.scale[0]), int(qp.zero_point[0])
         row.update(precision=qp.storage, scale=s, zero_point=z, range=[s * (lo - z), s * (hi - z)])
         if op.kind in ("QLinearConv", "QLinearGemm"):
-            w = op.operands[1].type.quant
-            row["weight"] = {"dtype": w.storage, "per_channel": w.axis is not None, "count": len(w.scale),
-                             "scale_min": float(min(w.scale)), "scale_max": float(max(w.scale))}
+            row["weight"] = _weight_row(op)
         calibrated = info.get(op.name, {}).get("range")
         if op.kind == "Requantize":
             row["range_source"] = CONCAT
@@ -442,6 +450,10 @@ def format_table(report: dict) -> str:
                   if x["per_channel"] else f"tensor: {x['scale_min']:.2e}")
         src = r.get("range_source", "")
         src = "calibrated" if src.startswith(CALIBRATED) else {INHERITED: "input's", CONCAT: "concat's"}.get(src, src)
+        if "scale" not in r:                            # an int8 GEMM with a float32 result
+            lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {'int8':<6} {'f32 out':>10} {'':>4}  "
+                         f"{wt:<29} {'':<20} {sq:>8}")
+            continue
         lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {r['precision']:<6} {r['scale']:>10.4g} "
                      f"{r['zero_point']:>4}  {wt:<29} {src:<20} {sq:>8}")
     lines.append(f"{report['quantized_layers']} quantized layers, {report['float_layers']} float")

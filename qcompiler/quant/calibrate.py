@@ -81,6 +81,10 @@ def observe(graph: Any, dataset: Iterable[Feed], values: list[str],
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4       # fatal only
+    # the graph as written, op by op: ORT's fusions (Conv+Add, ...) change the float rounding, and
+    # which of them apply depends on the values fetched here, so the ranges would depend on which
+    # values a build asks for (a --keep-float build and the selection that scored it differed by an ulp)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     batch = _model_batch(inputs)
     total = len(dataset) if hasattr(dataset, "__len__") else None   # type: ignore[arg-type]

@@ -32,7 +32,7 @@ from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, dequantize, np_dtype, quantize
 from ..ir.windows import chunked_matmul, conv_sum, windows
 from . import hardswish
-from .requant import activation_clamp, requantize
+from .requant import activation_clamp, dequantized, requantize
 
 Kernel = Callable[[Op, list, dict], list]
 KERNELS: dict[str, Kernel] = {}
@@ -194,6 +194,9 @@ def _qconv(op, xs, a):
 def _qgemm(op, xs, a):
     A, dt, chunk = _shifted_input(op, xs, xs[1].shape[1])
     acc = chunked_matmul(A, xs[1].astype(dt).T, chunk)
+    if op.result.type.quant is None:                # float32 result: the dequantizing epilogue
+        return [dequantized(_add_bias(acc, op, xs), op.operands[0].type.quant.scale[0],
+                            op.operands[1].type.quant.scale, a["activation"], a["activation_params"] or [])]
     return [_requant_out(op, _add_bias(acc, op, xs), a)]
 
 
@@ -325,10 +328,11 @@ def _gmp(op, xs, a):
 def _reshape(op, xs, a):
     x, shape = xs[0], list(a["shape"])
     declared = op.operands[0].type.shape
-    if x.size != int(np.prod(shape)) and declared and x.ndim and shape and x.shape[0] != declared[0]:
-        # more samples than the static batch: scale the leading dimension
-        if shape[0] % declared[0] == 0:
-            shape[0] = shape[0] // declared[0] * x.shape[0]
+    n = int(np.prod(shape))
+    if x.size != n and declared and x.ndim and shape and n and x.shape[0] != declared[0] and x.size % n == 0:
+        # more samples than the static batch: scale the leading dimension by as many (a row view
+        # (B·S, K) of a batch grows its rows, its inverse (1, S, N) its batch)
+        shape[0] *= x.size // n
     return [x.reshape(shape)]
 
 

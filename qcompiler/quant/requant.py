@@ -129,3 +129,32 @@ def activation_clamp(activation: str, params: Sequence[float], qp: QuantParams) 
     elif activation:
         raise ValueError(f"activation '{activation}' does not fold into an integer clamp (only Relu, Clip)")
     return lo, hi
+
+
+def dequant_scales(s_in: float, s_w: Sequence[float]) -> np.ndarray:
+    """The per-channel float32 factors of a dequantizing epilogue (a QLinearGemm with a float32
+    result): ``f32(f32(s_in) * f32(s_w[c]))``, so that ``y = f32(acc) * f_c``."""
+    return (np.float32(s_in) * np.asarray(s_w, np.float32)).astype(np.float32)
+
+
+def float_clamp(activation: str, params: Sequence[float]) -> tuple[float, float]:
+    """The float32 bounds of a dequantizing epilogue's fused Relu/Clip (-inf, inf: none)."""
+    if activation == "Relu":
+        return 0.0, math.inf
+    if activation == "Clip":
+        return float(params[0]), float(params[1])
+    if activation:
+        raise ValueError(f"activation '{activation}' does not fold into a dequantizing epilogue (only Relu, Clip)")
+    return -math.inf, math.inf
+
+
+def dequantized(acc: np.ndarray, s_in: float, s_w: Sequence[float], activation: str = "",
+                params: Sequence[float] = (), axis: int = 1) -> np.ndarray:
+    """``clamp(f32(acc) * f_c)`` (:func:`dequant_scales`, :func:`float_clamp`) with channels on
+    ``axis`` of the int32 accumulator ``acc`` (bias included)."""
+    f = dequant_scales(s_in, s_w)
+    shape = [1] * acc.ndim
+    shape[axis] = f.size
+    y = acc.astype(np.float32) * f.reshape(shape)
+    lo, hi = float_clamp(activation, params)
+    return np.clip(y, np.float32(lo), np.float32(hi)).astype(np.float32) if (lo, hi) != (-math.inf, math.inf) else y

@@ -160,7 +160,8 @@ def _qgemm_graph(storage, m, k, n, qo, attrs):
     w = g.add_const(RNG.integers(-128, 128, (n, k)).astype(np.int8), "w", QuantParams("int8", ws, (0,) * n, axis=0))
     b = g.add_const(RNG.integers(-900, 900, n).astype(np.int32), "b",
                     QuantParams("int32", tuple(float(np.float32(qa.scale[0]) * np.float32(v)) for v in ws), (0,) * n, axis=0))
-    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs(ws), result_types=[TensorType((m, n), storage, qo)]).result]
+    out = TensorType((m, n), storage, qo) if qo is not None else TensorType((m, n), "float32")
+    g.outputs = [g.create_op("QLinearGemm", [a, w, b], attrs(ws), result_types=[out]).result]
     return g
 
 
@@ -172,6 +173,25 @@ def _gemm_exact(storage, m, k, n, spec):
         return {"multiplier": ms, "shift": ss, "activation": "Relu"}
     g = _qgemm_graph(storage, m, k, n, qo, attrs)
     check_exact(g, {"a": qin(qa, (m, k))}, f"QLinearGemm {storage} {m}x{k}x{n}", spec)
+
+
+@pytest.mark.parametrize("storage, m, k, n, act", [("uint8", 128, 384, 96, ""), ("int8", 5, 64, 32, "Relu"),
+                                                     ("uint8", 1, 7, 3, "Clip")])
+def test_qlineargemm_float_result_bit_exact(storage, m, k, n, act):
+    """multiplier = []: the int8 GEMM returns f32(acc) * f32(s_a s_w[n]) (a transformer's FFN GEMM
+    before its float residual), clamped by a fused Relu/Clip, bit for bit as the reference."""
+    qa = ACT[storage]
+    params = [-0.5, 0.75] if act == "Clip" else []
+    g = _qgemm_graph(storage, m, k, n, None, lambda ws: {"multiplier": [], "shift": [], "activation": act,
+                                                        "activation_params": params})
+    got = reference.run(g, {"a": (a := qin(qa, (m, k)))})[0]
+    assert got.dtype == np.float32
+    w, b = g.consts["w"], g.consts["b"]
+    acc = (a.astype(np.int64) - qa.zero_point[0]) @ w.data.T.astype(np.int64) + b.data
+    want = acc.astype(np.float32) * (np.float32(qa.scale[0]) * np.asarray(w.type.quant.scale, np.float32))
+    want = np.maximum(want, 0) if act == "Relu" else np.clip(want, -0.5, 0.75) if act == "Clip" else want
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    check_exact(g, {"a": a}, f"QLinearGemm -> f32 {storage} {m}x{k}x{n} {act}")
 
 
 @pytest.mark.parametrize("shifts", [(33, 34, 36, 38, 40, 44, 55, 62), (32, 33, 36, 38, 40, 44, 55, 62)])

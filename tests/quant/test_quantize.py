@@ -55,7 +55,8 @@ RANGES = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "r": (0.0, 5.0), "p": (0.0, 2.0), "
 
 def test_golden_conv_residual_pool_gemm():
     """Conv+Relu -> QLinearConv; Add+Relu -> QLinearAdd (Relu folded); GAP -> integer pool;
-    Flatten keeps params; Gemm (transB = 0) -> QLinearGemm with W stored N x K; Softmax stays float.
+    Flatten keeps params; Gemm (transB = 0) -> QLinearGemm with W stored N x K and, as only the float
+    Softmax reads it, a float32 result (no output quantization); Softmax stays float.
     Checked by hand: x [-1, 1] -> 2/255 @ 127 (float32 2/255 rounds up: the ideal zero point is 127.4999);
     w[0] = [0.5, -1] / (1/127) = [63.4999 -> 63, -127]; b[0] = 0.5 / (s_x s_w0) = 8096;
     M_conv[0] = s_x s_w0 / s_y = 0.0039370 = 1082196608 * 2^-38; Add: M = [0.8, 0.4] * 2^31."""
@@ -70,16 +71,16 @@ def test_golden_conv_residual_pool_gemm():
   %r = QLinearAdd(%y, %x_q) {{activation = "Relu", activation_params = [], multiplier = [1717986959, 858993480], shift = [31]}} : tensor<1x2x3x3x!quant.uniform<u8:f32, 0.019607844:0>>
   %p = QLinearGlobalAveragePool(%r) {{multiplier = [1193046443], shift = [32]}} : tensor<1x2x1x1x!quant.uniform<u8:f32, 0.007843138:0>>
   %f = Flatten(%p) {{axis = 1}} : tensor<1x2x!quant.uniform<u8:f32, 0.007843138:0>>
-  %o = QLinearGemm(%f, %fw_q, %fb_q) {{activation = "", activation_params = [], multiplier = [1442928868, 1442928868, 1442928868], shift = [39, 40, 38]}} : tensor<1x3x!quant.uniform<u8:f32, 0.023529412:127>>
-  %o_dq = DequantizeLinear(%o) : tensor<1x3xf32>
-  %sm = Softmax(%o_dq) {{axis = 1}} : tensor<1x3xf32>
+  %o = QLinearGemm(%f, %fw_q, %fb_q) {{activation = "", activation_params = [], multiplier = [], shift = []}} : tensor<1x3xf32>
+  %sm = Softmax(%o) {{axis = 1}} : tensor<1x3xf32>
   return %sm
 }}""")
     assert [op.name for op in g.ops if op.kind.startswith("QLinear")] == ["conv", "add", "gap", "fc"]  # names kept
     meta = g.meta["quant"]
     json.dumps(meta)                                                  # JSON-serializable for the report
     assert meta["layers"]["conv"]["kind"] == "QLinearConv" and meta["layers"]["conv"]["range"] == [0.0, 4.0]
-    assert meta["layers"]["softmax"] == {"kind": "Softmax", "precision": "float", "reason": "no integer kernel"}
+    assert meta["layers"]["softmax"] == {"kind": "Softmax", "precision": "float", "reason": "float region"}
+    assert meta["layers"]["fc"]["output"] == {"dtype": "float32"}
     assert meta["scheme"]["calibration"] == "given ranges"
 
 
@@ -127,7 +128,8 @@ SE = """graph @g(%x: tensor<1x2x3x4xf32>) {
   %m = Mul(%y, %g) : tensor<1x2x3x4xf32> loc("se")
   %k = const dense<[0.5, -2.0]> : tensor<1x2x1x1xf32>
   %c = Mul(%m, %k) : tensor<1x2x3x4xf32> loc("scale")
-  return %c
+  %q = GlobalAveragePool(%m) : tensor<1x2x1x1xf32> loc("gap2")
+  return %c, %q
 }"""
 
 
@@ -135,12 +137,14 @@ def test_squeeze_excite_mul_becomes_qlinearmul():
     """Mul(x, HardSigmoid gate) -> QLinearMul: the float gate gets a QuantizeLinear (its range
     [0.5, 0.7], widened to hold 0: 0.7/255 @ 0); M = s_y s_g / s_m = s_g (s_y = s_m = 4/255),
     formed from the float32 scales: 0.7/255 = 1509133568 * 2^-39 (vs 1509133607 from the float64 0.7/255).
-    A Mul by a constant stays float. Text round trip, the oracle against float (within 1 LSB of the
+    A Mul by a constant stays float (a second pool reads the product in integers: without an integer
+    reader the product would stay float too). Text round trip, the oracle against float (within 1 LSB of the
     output plus the gate's half step times |y|), and onnxruntime on the QDQ export (within 1 LSB)."""
-    ranges = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "p": (0.0, 2.0), "g": (0.5, 0.7), "m": (0.0, 4.0)}
+    ranges = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "p": (0.0, 2.0), "g": (0.5, 0.7), "m": (0.0, 4.0), "q": (0.0, 4.0)}
     g = quantize(SE, ranges=ranges)
     assert kinds(g) == ["QuantizeLinear", "QLinearConv", "QLinearGlobalAveragePool", "DequantizeLinear",
-                        "HardSigmoid", "QuantizeLinear", "QLinearMul", "DequantizeLinear", "Mul"]
+                        "HardSigmoid", "QuantizeLinear", "QLinearMul", "DequantizeLinear", "Mul",
+                        "QLinearGlobalAveragePool", "DequantizeLinear"]
     mul = g.find_ops("QLinearMul")[0]
     assert mul.name == "se" and [v.name for v in mul.operands] == ["y", "g_q"]
     gq = mul.operands[1].type.quant
@@ -175,11 +179,13 @@ RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
 
 
 def test_prepare_splits_residual_and_float_activation():
-    """FusedConv(X, W, B, Z){HardSwish} -> QLinearConv -> QLinearAdd -> DQ -> HardSwish (float)."""
+    """FusedConv(X, W, B, Z){HardSwish} -> QLinearConv -> DQ -> Add -> HardSwish (float): the residual
+    Add, which only the float HardSwish reads, stays float (no quantization point without an integer reader)."""
     g = quantize(RESIDUAL, ranges={"x": (-1, 1), "z": (-2, 2), "y_acc": (-3, 3), "y_add": (-4, 4)})
-    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "QuantizeLinear", "QLinearAdd", "DequantizeLinear", "HardSwish"]
-    conv, add = g.find_ops("QLinearConv")[0], g.find_ops("QLinearAdd")[0]
-    assert conv.name == "conv" and conv.attrs["activation"] == "" and add.operands[0] is conv.result
+    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "DequantizeLinear", "Add", "HardSwish"]
+    conv, add = g.find_ops("QLinearConv")[0], g.find_ops("Add")[0]
+    assert conv.name == "conv" and conv.attrs["activation"] == "" and add.operands[0].producer.operands[0] is conv.result
+    assert add.name == "conv_add" and g.meta["quant"]["layers"]["conv_add"]["reason"] == "its result feeds no integer op"
     assert g.outputs[0].name == "y" and g.outputs[0].producer.kind == "HardSwish"
 
 
@@ -190,10 +196,12 @@ def test_folded_clip_sets_the_clamp_and_unfoldable_relu_keeps_params():
   %c = Clip(%y) {max = 6.0, min = 0.0} : tensor<1x3xf32>
   %m = Reshape(%c) {shape = [3, 1]} : tensor<3x1xf32>
   %r = Relu(%m) : tensor<3x1xf32>
-  return %r
+  %w2 = const dense<0.25> : tensor<2x1xf32>
+  %o = Gemm(%r, %w2) {alpha = 1.0, beta = 1.0, transA = 0, transB = 1} : tensor<3x2xf32>
+  return %o
 }"""
     g = quantize(text, ranges={"x": (-1, 1), "c": (0, 6)})
-    assert kinds(g) == ["QuantizeLinear", "QLinearGemm", "Reshape", "Relu", "DequantizeLinear"]
+    assert kinds(g) == ["QuantizeLinear", "QLinearGemm", "Reshape", "Relu", "QLinearGemm"]
     gemm = g.find_ops("QLinearGemm")[0]
     assert (gemm.attrs["activation"], gemm.attrs["activation_params"]) == ("Clip", [0.0, 6.0])
     qp = gemm.result.type.quant
@@ -405,3 +413,62 @@ def test_bias_check_stops_once_the_sign_is_settled():
     assert not sign_settled(noisy, 16)
     assert sign_settled(noisy, len(noisy))
     assert not sign_settled([0.0] * 8, 16)                  # identical variants: compare them all
+
+
+LINEAR3 = """graph @g(%x: tensor<1x4x3xf32>) {
+  %w = const dense<[0.5, -1.0, 0.25, 0.75, -0.5, 2.0]> : tensor<3x2xf32>
+  %y = MatMul(%x, %w) : tensor<1x4x2xf32> loc("fc")
+  %b = const dense<[0.5, -0.25]> : tensor<2xf32>
+  %z = Add(%y, %b) : tensor<1x4x2xf32> loc("bias")
+  %t = Tanh(%z) : tensor<1x4x2xf32> loc("tanh")
+  return %t
+}"""
+
+
+def test_rank3_matmul_becomes_one_row_gemm_with_its_bias():
+    """A transformer's linear layer, x (1, 4, 3) @ W (3, 2) + b: the 4 rows become one
+    QLinearGemm between Reshapes, the bias Add absorbed into it, named as the MatMul; only the
+    float Tanh reads it, so its result is float32; the reference and ONNX Runtime's run of the QDQ
+    export agree to float32 rounding."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (8, 1, 4, 3)).astype(np.float32)
+    q = quantize(LINEAR3, calib=[{"x": v} for v in x])
+    assert kinds(q) == ["Reshape", "QuantizeLinear", "QLinearGemm", "Reshape", "Tanh"]    # float32 result
+    gemm = q.find_ops("QLinearGemm")[0]
+    assert gemm.name == "fc" and gemm.operands[0].shape == (4, 3) and gemm.operands[1].shape == (2, 3)
+    assert len(gemm.operands) == 3 and gemm.operands[2].data.dtype == np.int32
+    assert q.meta["quant"]["layers"]["fc"]["from"] == "Gemm"
+    fl = parse_graph(LINEAR3)
+    want = np.concatenate([reference.run(fl, {"x": v})[0] for v in x])
+    got = np.concatenate([reference.run(q, {"x": v})[0] for v in x])
+    assert sqnr_db(want, got) > 30
+    import onnxruntime as ort
+    sess = ort.InferenceSession(export_qdq(q, uint8_weights=True).SerializeToString(), providers=["CPUExecutionProvider"])
+    ort_out = np.concatenate([sess.run(None, {"x": v})[0] for v in x])
+    np.testing.assert_allclose(ort_out, got, rtol=0, atol=1e-6)   # float32 sums of the same integers: rounding only
+
+
+def test_rank3_matmul_rows_form_is_the_same_function():
+    """The prepare step alone (no quantization): Reshape -> Gemm -> Reshape computes the MatMul
+    and its bias Add exactly; two MatMuls of one activation share its row view; a MatMul kept
+    float, or whose weight is an activation, is left alone."""
+    from qcompiler.passes.quantize_plan import prepare
+    g = parse_graph(LINEAR3)
+    prepare(g, QuantizeOptions())
+    assert kinds(g) == ["Reshape", "Gemm", "Reshape", "Tanh"] and g.find_ops("Gemm")[0].name == "fc"
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 4, 3)).astype(np.float32)
+    np.testing.assert_allclose(reference.run(g, {"x": x})[0], reference.run(parse_graph(LINEAR3), {"x": x})[0],
+                               rtol=1e-6, atol=1e-7)
+    two = parse_graph(LINEAR3.replace('  return %t', '  %y2 = MatMul(%x, %w) : tensor<1x4x2xf32> loc("fc2")\n'
+                                      '  %s = Add(%t, %y2) : tensor<1x4x2xf32>\n  return %s'))
+    prepare(two, QuantizeOptions())
+    assert kinds(two) == ["Reshape", "Gemm", "Reshape", "Tanh", "Gemm", "Reshape", "Add"]
+    kept = parse_graph(LINEAR3)
+    prepare(kept, QuantizeOptions(keep_float={"fc"}))
+    assert kinds(kept) == ["MatMul", "Add", "Tanh"]
+    act = parse_graph("""graph @g(%x: tensor<1x4x3xf32>, %v: tensor<3x2xf32>) {
+  %y = MatMul(%x, %v) : tensor<1x4x2xf32> loc("fc")
+  return %y
+}""")
+    prepare(act, QuantizeOptions())
+    assert kinds(act) == ["MatMul"]

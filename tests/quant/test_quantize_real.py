@@ -165,12 +165,13 @@ import_batched = realmodels.import_batched
 
 
 def last_quantized(graph):
-    """The quantized value the float tail of the graph starts from (the integer logits)."""
+    """The quantized value the float tail of the graph starts from: the integer logits, or the
+    integer features the classifier's GEMM reads when it returns its logits in float32."""
     v = graph.outputs[0]
-    while v.producer is not None and v.producer.kind != "DequantizeLinear":
+    while v.type.quant is None:
+        assert v.producer is not None and v.producer.operands, "the output does not come from a quantized value"
         v = v.producer.operands[0]
-    assert v.producer is not None, "the output does not come from a quantized value"
-    return v.producer.operands[0]
+    return v
 
 
 def ort_quantize_static(float_model: onnx.ModelProto, name: str, calib: list, tmp: Path):
@@ -309,7 +310,9 @@ def synthetic_model(seed: int = 0) -> onnx.ModelProto:
 
 
 # ---- calibration methods on real models (issue #5: entropy gave 4.5 / 1.6 / 4.0 dB) -----------------
-METHOD_SLACK_DB = {"percentile": 5.0, "entropy": 4.0, "mse": 4.0}
+# percentile 99.99 clips mnistnet's last hidden layer: 4.1 dB below MinMax while the int8 logits'
+# own rounding was the largest error, 7.4 dB since the classifier GEMM returns float32 logits
+METHOD_SLACK_DB = {"percentile": 8.0, "entropy": 4.0, "mse": 4.0}
 
 
 @pytest.mark.parametrize("case_name", ["fashion_mobilenet", "mnistnet", "rapidocr-cls"])
@@ -318,7 +321,8 @@ def test_calibration_methods_stay_near_minmax(case_name, request):
     trades the largest values, which dominate an output SQNR, for resolution: a method may lose
     some, but must never collapse as entropy did at 1.6-4.5 dB). Measured (dB, minmax / percentile
     99.99 / entropy / mse): fashion_mobilenet 33.56 / 33.85 / 34.11 / 34.35, mnistnet
-    42.17 / 38.04 / 41.85 / 40.89, rapidocr-cls 18.25 / 17.90 / 17.08 / 19.19 (printed below)."""
+    42.17 / 38.04 / 41.85 / 40.89, rapidocr-cls 18.25 / 17.90 / 17.08 / 19.19 (printed below); with
+    float32 logits from the classifier GEMM, mnistnet 46.69 / 39.30 / 45.83 / 43.99."""
     case = CASES[case_name](request)
     B = case.batch
     g0, name = import_batched(case.model, case.input_shape, B)

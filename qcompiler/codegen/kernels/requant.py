@@ -10,7 +10,7 @@ import numpy as np
 from tvm import tirx
 
 from ...ir.types import INT_RANGES
-from ...quant.requant import activation_clamp
+from ...quant.requant import activation_clamp, dequant_scales, float_clamp
 from ..target import Family
 from . import qdot
 from .tensor import Lazy, cast, dtype_of
@@ -182,6 +182,20 @@ def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
     speed, 4-6 more bytes of constant per channel (60 KB of rapidocr-det's int8 library)."""
     k = w.shape[0]
     fb = channel_vec(ctx, qdot.wrap_int32(folded_bias(w, bias, z)), I32, "qbias")
+    if out.quant is None:                   # QLinearGemm's float32 result: f32(acc) * f32(s_x s_w[c]), clamped
+        ops = ctx.op.operands
+        f = float_channel_vec(ctx, [float(v) for v in dequant_scales(ops[0].type.quant.scale[0],
+                                                                     ops[1].type.quant.scale)], "qdeq")
+        lo, hi = float_clamp(a.get("activation", "") or "", a.get("activation_params") or [])
+
+        def deq(idx):
+            y = cast(wrapping_add(acc_at(idx), fb(idx[1])), F32) * f(idx[1])
+            if lo != -np.inf:
+                y = tirx.max(y, tirx.const(lo, F32))
+            if hi != np.inf:
+                y = tirx.min(y, tirx.const(hi, F32))
+            return y
+        return Lazy(out.shape, F32, deq)
     rq = requant_fn(ctx, a, out, k)
     return Lazy(out.shape, out.dtype, lambda idx: rq(wrapping_add(acc_at(idx), fb(idx[1])), idx[1]))
 
