@@ -57,27 +57,33 @@ def save_runs(feeds: list[dict], path: Path) -> Path:
     return path
 
 
-def options(m: ZooModel, dtype: str, calib_npz: Path | None = None, path: Path | None = None):
+def options(m: ZooModel, dtype: str, calib_npz: Path | None = None, path: Path | None = None, **calib_opts):
     """(ModelSource, CompileOptions) of ``m`` (or of ``path``, another file of it): x86, the CLI's
     defaults, calibration without a report evaluation (``cli_args`` gives the same build as a
     command line)."""
     from qcompiler.codegen.target import TargetSpec
     from qcompiler.driver import CalibOptions, CompileOptions, ModelSource
+    from qcompiler.plan.mixed import BudgetOptions
+    budget = BudgetOptions(keep_float=tuple(calib_opts.pop("keep_float", ())))
     src = ModelSource(str(path or m.path()), m.input_shapes, m.input_values)
-    calib = CalibOptions(source=str(calib_npz), eval_samples=0) if calib_npz is not None else CalibOptions()
-    return src, CompileOptions(target=TargetSpec("x86", dtype=dtype), calib=calib, quiet=True)
+    calib = CalibOptions(source=str(calib_npz), eval_samples=0, **calib_opts) if calib_npz is not None \
+        else CalibOptions(**calib_opts)
+    return src, CompileOptions(target=TargetSpec("x86", dtype=dtype), calib=calib, budget=budget, quiet=True)
 
 
-def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None, path: Path | None = None) -> Build:
+def build(m: ZooModel, dtype: str, out: Path, calib: list[dict] | None = None, path: Path | None = None,
+          **calib_opts) -> Build:
     """Compile ``m`` (``path``: another file of it, e.g. its QDQ form) with
     :func:`qcompiler.driver.compile`; raises RuntimeError with the error's message (and the
-    equivalent command line) if it fails. A pre-quantized file needs no ``calib`` for int8."""
+    equivalent command line) if it fails. A pre-quantized file needs no ``calib`` for int8.
+    ``calib_opts``: further :class:`~qcompiler.driver.CalibOptions` fields (``smooth_quant="auto"``),
+    and ``keep_float`` (names or ``op:KIND``, as ``--keep-float``)."""
     import warnings
 
     from qcompiler.driver import compile
     out = Path(out)
     npz = save_calib(calib, out.with_name(out.name + ".calib.npz")) if calib else None
-    src, opts = options(m, dtype, npz, path)
+    src, opts = options(m, dtype, npz, path, **calib_opts)
     t = time.perf_counter()
     try:
         with warnings.catch_warnings():

@@ -53,6 +53,20 @@ def _target(args) -> TargetSpec:
                       float_dtype=args.float_dtype, debug_layers=args.debug_layers)
 
 
+def _smooth_quant(v: str | None) -> float | str | None:
+    """--smooth-quant's value: None (off), "auto", or α in [0, 1]."""
+    if v is None or v == "auto":
+        return v
+    try:
+        a = float(v)
+    except ValueError:
+        a = -1.0
+    if not 0.0 <= a <= 1.0:
+        raise UserError(f"--smooth-quant takes a strength between 0 and 1, got '{v}'", "--smooth-quant",
+                        "give e.g. --smooth-quant 0.5, or --smooth-quant alone to choose it per layer")
+    return a
+
+
 def compile_options(args) -> CompileOptions:
     """The options of any command that runs passes (compile, inspect, convert)."""
     tune = None
@@ -67,7 +81,8 @@ def compile_options(args) -> CompileOptions:
                            percentile=args.percentile, per_tensor=args.per_tensor, preprocess=args.preprocess,
                            eval_samples=args.eval_samples, eval_path=args.eval, equalize=args.equalize,
                            bias_correction=BiasCorrection(args.bias_correction) if args.bias_correction else None,
-                           requantize=getattr(args, "requantize", False)),
+                           requantize=getattr(args, "requantize", False),
+                           smooth_quant=_smooth_quant(getattr(args, "smooth_quant", None))),
         budget=BudgetOptions(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                              args.sensitivity, args.sensitivity_samples, args.budget_confidence,
                              getattr(args, "layer_costs", "off")),

@@ -63,6 +63,9 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
                    help="cross-layer range equalization (default: on with --per-tensor)")
     q.add_argument("--bias-correction", default=None, choices=("none", "analytic", "empirical"),
                    help="correct the int8 weights' mean output shift (default empirical)")
+    q.add_argument("--smooth-quant", nargs="?", const="auto", default=None, metavar="ALPHA",
+                   help="SmoothQuant: move activation outliers into the weights of linear layers, strength ALPHA "
+                        "in [0, 1] (no value: chosen per layer from the calibration data)")
     q.add_argument("--requantize", action="store_true",
                    help="a pre-quantized (QDQ) model: drop its own quantization and calibrate it afresh on --calib")
     m = p.add_argument_group("mixed precision (which layers stay float)")

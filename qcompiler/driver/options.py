@@ -63,6 +63,7 @@ class CalibOptions:
     equalize: bool | None = None             # None: on with per-tensor weights, off per channel
     bias_correction: BiasCorrection | None = None   # None: empirical when quantizing
     requantize: bool = False                 # a pre-quantized model: drop its Q/DQ, calibrate it afresh
+    smooth_quant: float | Literal["auto"] | None = None   # SmoothQuant α (or chosen per layer); None: off
 
     @property
     def is_random(self) -> bool:

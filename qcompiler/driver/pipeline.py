@@ -20,6 +20,7 @@ from ..passes import PassContext, PassManager, parse_pipeline
 from ..passes.encode_sparse import EncodeSparseOptions
 from ..passes.prune import PruneOptions
 from ..passes.quantize import CALIB_RUN, QuantizeOptions
+from ..passes.smooth_quant import SmoothQuantOptions
 from ..plan import mixed
 from ..plan.dfq import dfq_recipe, equalize_default
 from .calib import CalibSource
@@ -67,7 +68,8 @@ def _check_prequantized(opts: CompileOptions) -> None:
                                    ("--keep-float", bool(b.keep_float)), ("--force-int8", bool(b.force_int8)),
                                    ("--sensitivity", bool(b.sensitivity)), ("--equalize", bool(c.equalize)),
                                    ("--bias-correction", c.bias_correction is not None),
-                                   ("--per-tensor", c.per_tensor), ("--sparsity", opts.sparsity.fraction is not None))
+                                   ("--per-tensor", c.per_tensor), ("--sparsity", opts.sparsity.fraction is not None),
+                                   ("--smooth-quant", c.smooth_quant is not None))
              if on]
     if given:
         raise UserError(f"{given[0]} changes how a model is quantized, but this model arrives quantized (its own "
@@ -103,7 +105,15 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
     bias = (c.bias_correction or (BiasCorrection.EMPIRICAL if quantizing else BiasCorrection.NONE)).value
     pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
+    if c.smooth_quant is not None:
+        if not quantizing:
+            raise UserError("--smooth-quant prepares a model for int8 quantization", "--smooth-quant",
+                            "add --dtype int8 (and --calib DATA)")
+        if "smooth-quant" not in pipeline:         # after the float passes, before the layer choice and quantize
+            pipeline.insert(pipeline.index("quantize"), "smooth-quant")
     ctx = PassContext(log=log)
+    if c.smooth_quant is not None:
+        ctx.options["smooth-quant"] = SmoothQuantOptions(alpha=None if c.smooth_quant == "auto" else c.smooth_quant)
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
