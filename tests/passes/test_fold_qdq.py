@@ -151,3 +151,30 @@ def test_ort_quantize_static_fashion_mobilenet_matches_ort_top1(tmp_path):
     acc_ours, acc_ort = float(np.mean(ours == y)), float(np.mean(theirs == y))
     assert abs(acc_ours - acc_ort) <= 0.002, (acc_ours, acc_ort)
     assert np.mean(ours == theirs) >= 0.995
+
+
+def test_gemm_with_qdq_on_its_inputs_only_returns_float32():
+    """TensorRT-style explicit quantization: Q/DQ on the activation, DQ on the int8 weight (per
+    channel), a float bias, MatMul of a rank-3 input, no Q after it (Tanh reads it): one QLinearGemm
+    over the rows with a float32 result, equal to ONNX Runtime's float MatMul of the dequantized
+    operands up to float32 rounding (the same integers, summed in another order)."""
+    k, n = 8, 5
+    w = RNG.integers(-127, 128, (k, n)).astype(np.int8)
+    ws = (RNG.random(n) * 0.01 + 0.001).astype(np.float32)
+    inits = {"s": np.float32(0.03), "z": np.uint8(120), "w": w, "ws": ws,
+             "b": RNG.normal(0, 0.1, n).astype(np.float32)}
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=1),
+             h.make_node("MatMul", ["xd", "wd"], ["m"]),
+             h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Tanh", ["a"], ["y"])]
+    x = RNG.uniform(-3, 3, (1, 6, k)).astype(np.float32)
+    m = model(nodes, inits, x.shape, opset=13)
+    _, g = folded(m)
+    gemm = [op for op in g.ops if op.kind == "QLinearGemm"]
+    assert len(gemm) == 1 and gemm[0].result.dtype == "float32" and gemm[0].attrs["multiplier"] == []
+    assert g.meta["quant"]["layers"][gemm[0].name]["output"] == {"dtype": "float32"}
+    (ref,) = ort_plain(m, {"x": x})
+    (got,) = reference.run(g, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
