@@ -105,14 +105,13 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
     bias = (c.bias_correction or (BiasCorrection.EMPIRICAL if quantizing else BiasCorrection.NONE)).value
     pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
+    ctx = PassContext(log=log)
     if c.smooth_quant is not None:
         if not quantizing:
             raise UserError("--smooth-quant prepares a model for int8 quantization", "--smooth-quant",
                             "add --dtype int8 (and --calib DATA)")
         if "smooth-quant" not in pipeline:         # after the float passes, before the layer choice and quantize
             pipeline.insert(pipeline.index("quantize"), "smooth-quant")
-    ctx = PassContext(log=log)
-    if c.smooth_quant is not None:
         ctx.options["smooth-quant"] = SmoothQuantOptions(alpha=None if c.smooth_quant == "auto" else c.smooth_quant)
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts

@@ -1,7 +1,8 @@
 """Helpers shared by the built-in passes (this module registers no pass).
 
 * use checks: :func:`is_output`, :func:`single_use`, :func:`can_forward`;
-* :func:`pass_options`: a pass's typed options from the :class:`PassContext`;
+* :func:`pass_options`: a pass's typed options from the :class:`PassContext`; :func:`quantize_option`
+  and :func:`quantize_calib`: the quantize pass's, for the passes that prepare a model for it;
 * :func:`both_orders`: the two rewrite rules for a commutative op, ``kind(a, b)`` and ``kind(b, a)``.
 
 A new op's attributes spelled out from the registry's defaults: :func:`qcompiler.ir.ops.full_attrs`;
@@ -56,3 +57,16 @@ def both_orders(kind: str, a, b, fn) -> list:
     """Rewrite rules matching ``kind(a, b)`` and ``kind(b, a)`` (patterns a and b) with one ``fn``."""
     from .rewrite import Op
     return [(Op(kind, a, b), fn), (Op(kind, b, a), fn)]
+
+
+def quantize_option(ctx, name: str, default):
+    """Option ``name`` of the quantize pass in ``ctx`` (a QuantizeOptions or a dict), else ``default``."""
+    q = ctx.option("quantize") if ctx is not None else None
+    return q.get(name, default) if isinstance(q, dict) else getattr(q, name, default)
+
+
+def quantize_calib(ctx):
+    """The quantize pass's calibration feeds, when the pipeline quantizes and they can be read
+    twice (a one-shot iterator is left to the quantize pass)."""
+    calib = quantize_option(ctx, "calib", None)
+    return None if calib is None or iter(calib) is calib else calib

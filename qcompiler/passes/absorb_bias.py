@@ -72,7 +72,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Op
 from ..ir.ops import full_attrs
-from ._common import pass_options
+from ._common import pass_options, quantize_calib
 from .equalize import CONVS, activation, bias_of, in_channel_index, pairs, set_weights, weight_oc
 from .manager import PassContext, register_pass
 
@@ -123,14 +123,6 @@ def _has_relu(op1: Op, between: list[Op]) -> bool:
     return activation(op1) == "Relu" or "Relu" in kinds
 
 
-def _quantize_calib(ctx: PassContext | None):
-    """The quantize pass's calibration feeds, when the pipeline quantizes and they can be read
-    twice (a one-shot iterator is left to the quantize pass)."""
-    q = ctx.option("quantize") if ctx is not None else None
-    calib = q.get("calib") if isinstance(q, dict) else getattr(q, "calib", None)
-    return None if calib is None or iter(calib) is calib else calib
-
-
 @register_pass("absorb-bias", options=AbsorbBiasOptions)
 def absorb_bias(graph: Graph, ctx: PassContext) -> bool:
     """Move c = max(0, β − 3γ) (lowered to the smallest pre-activation seen on calibration data,
@@ -148,7 +140,7 @@ def absorb_bias(graph: Graph, ctx: PassContext) -> bool:
         c = np.maximum(0.0, beta - opts.sigmas * gamma)
         if np.any(c > 0):
             todo.append((op1, op2, st, beta, c))
-    calib = opts.calib if opts.calib is not None else _quantize_calib(ctx)
+    calib = opts.calib if opts.calib is not None else quantize_calib(ctx)
     if todo and calib is not None:
         seen = _observed_minimum(graph, [t[0] for t in todo], calib)
         check = graph.meta.setdefault("absorb_bias_check", {})

@@ -74,8 +74,9 @@ def prepare(graph: Graph, opts: QuantizeOptions) -> None:
     MatMul of a rank-3+ activation by a constant matrix (a transformer's linear layer) one row
     GEMM (:func:`_rows_gemm`)."""
     for op in graph.ops:
-        if _rows_gemm_bias(op, opts) is not False:
-            _rows_gemm(graph, op, opts)
+        found = _rows_gemm_bias(op, opts)
+        if found is not False:
+            _rows_gemm(graph, op, found)
     for op in graph.ops:
         if not _splits(op, opts):
             continue
@@ -123,7 +124,7 @@ def _rows_gemm_bias(op: Op, opts: QuantizeOptions):
     return add, b
 
 
-def _rows_gemm(graph: Graph, op: Op, opts: QuantizeOptions) -> None:
+def _rows_gemm(graph: Graph, op: Op, found: tuple | None) -> None:
     """``y = x @ W (+ b)`` with x of shape (d1, ..., dk, K) becomes the one 2-D GEMM over all rows
     that QLinearGemm runs, between two Reshapes (which carry the quantized value unchanged)::
 
@@ -131,8 +132,7 @@ def _rows_gemm(graph: Graph, op: Op, opts: QuantizeOptions) -> None:
 
     The Gemm keeps the MatMul's name (``--keep-float NAME`` and the report name the layer as in
     the model) and the bias Add, when there is one, is absorbed into it. The same rows form as
-    fold-qdq gives a QDQ model's rank-3 MatMul."""
-    found = _rows_gemm_bias(op, opts)
+    fold-qdq gives a QDQ model's rank-3 MatMul. ``found``: :func:`_rows_gemm_bias`'s (Add, bias), or None."""
     x, w = op.operands
     lead, k, n = tuple(x.shape[:-1]), x.shape[-1], w.shape[1]
     m = int(np.prod(lead))
@@ -239,8 +239,7 @@ def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
                  and (op not in p.fold or p.fold[op].kind in ("Relu", "Clip"))       # unfolded next time
                  and (op.attrs.get("activation") or "") in ("", "Relu", "Clip")}
         if not new_d and not new_f:
-            p.float_out = float_out
-            return p
+            return p                                    # p.float_out is float_out
         demoted |= new_d
         float_out |= new_f
 

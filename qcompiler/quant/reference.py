@@ -193,11 +193,11 @@ def _qconv(op, xs, a):
 @kernel("QLinearGemm")
 def _qgemm(op, xs, a):
     A, dt, chunk = _shifted_input(op, xs, xs[1].shape[1])
-    acc = chunked_matmul(A, xs[1].astype(dt).T, chunk)
+    acc = _add_bias(chunked_matmul(A, xs[1].astype(dt).T, chunk), op, xs)
     if op.result.type.quant is None:                # float32 result: the dequantizing epilogue
-        return [dequantized(_add_bias(acc, op, xs), op.operands[0].type.quant.scale[0],
-                            op.operands[1].type.quant.scale, a["activation"], a["activation_params"] or [])]
-    return [_requant_out(op, _add_bias(acc, op, xs), a)]
+        return [dequantized(acc, op.operands[0].type.quant.scale[0], op.operands[1].type.quant.scale,
+                            a["activation"], a["activation_params"] or [])]
+    return [_requant_out(op, acc, a)]
 
 
 @kernel("QLinearAdd")

@@ -157,4 +157,4 @@ def dequantized(acc: np.ndarray, s_in: float, s_w: Sequence[float], activation: 
     shape[axis] = f.size
     y = acc.astype(np.float32) * f.reshape(shape)
     lo, hi = float_clamp(activation, params)
-    return np.clip(y, np.float32(lo), np.float32(hi)).astype(np.float32) if (lo, hi) != (-math.inf, math.inf) else y
+    return np.clip(y, np.float32(lo), np.float32(hi))
