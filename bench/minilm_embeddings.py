@@ -9,8 +9,8 @@ attention mask), L2-normalized. Sentences are generated from topic word lists (:
 weather, cooking, travel, computing, sport, music, health, money, ...), one per line, tokenized
 alone and padded to 128. Calibration uses 32 other sentences of the same generator (another seed).
 
-Per variant: the cosine of each sentence's embedding with the fp32 build's (min, mean), how many
-sentences keep their nearest neighbour (by cosine, among the others), and the time of one call
+Per variant: the cosine of each sentence's embedding with ONNX Runtime's fp32 one (min, mean), how
+many sentences keep the nearest neighbour they have in fp32 (by cosine, among the others), and the time of one call
 beside ONNX Runtime (fp32 and ``quantize_dynamic``'s int8) in the same run.
 
 Variants: ``int8`` (static: the CLI's defaults, per-tensor uint8 activations, per-channel int8

@@ -18,9 +18,10 @@ whose LayerNorm output also feeds the residual; the GELU output that feeds FC2) 
 1/s on the path to the linear layers, which the quantize pass then quantizes after.
 
 α per group: given (``alpha``), or chosen from ``alphas`` (and "no smoothing") by the error the
-int8 quantization would make on the calibration data, with the quantize pass's schemes (activation
-per tensor, asymmetric uint8 over the observed range of X/s; weights symmetric int8 per output
-channel, or per tensor)::
+int8 quantization would make on the calibration data, with the quantize pass's schemes and
+:mod:`qcompiler.quant.qparams` (activation per tensor over the observed range of X/s, asymmetric
+uint8 unless the quantize options say int8/symmetric; weights symmetric int8 per output channel,
+or per tensor)::
 
     err(α) = Σ_layers ||X W - Q(X/s) Q(sW)||² / ||X W||²      over sampled rows of X
 
@@ -47,7 +48,8 @@ import numpy as np
 from ..errors import UserError
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
-from ._common import is_output, pass_options
+from ..quant import qparams as qpm
+from ._common import is_output, pass_options, quantize_calib, quantize_option
 from .manager import PassContext, register_pass
 
 ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -107,7 +109,6 @@ def groups(graph: Graph, keep_float=frozenset()) -> list[Group]:
             w = _weight(op, v)
             if w is not None and op.name not in keep_float and op.kind not in keep_float:
                 layers.append((op, w))
-        layers = list({id(op): (op, w) for op, w in layers}.values())
         if layers and isinstance(v.shape[-1], int) and all(w.shape[0] == v.shape[-1] for _, w in layers):
             out.append(Group(v, layers))
     return out
@@ -134,19 +135,22 @@ class _Rows:
         self.count += r.size
 
 
-def _fake_quant_act(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """The quantize pass's activation scheme: asymmetric uint8 over [min(lo, 0), max(hi, 0)]."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    s = (hi - lo) / 255.0 or 1.0
-    z = np.clip(np.round(-lo / s), 0, 255)
-    return ((np.clip(np.round(x / s) + z, 0, 255) - z) * s).astype(np.float32)
+@dataclass
+class Scheme:
+    """The quantize pass's schemes: activations per tensor (``symmetric`` int8 or asymmetric over
+    ``activation_dtype``), weights symmetric int8 per output channel or per tensor."""
+    per_channel: bool = True
+    activation_dtype: str = "uint8"
+    symmetric: bool = False
 
+    def activation(self, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        make = qpm.symmetric if self.symmetric else qpm.asymmetric
+        return qpm.fake_quantize(x, make(lo, hi, self.activation_dtype))
 
-def _fake_quant_w(w: np.ndarray, per_channel: bool) -> np.ndarray:
-    """Symmetric int8 per output channel (column of K x N W) or per tensor."""
-    m = np.abs(w).max(axis=0, keepdims=True) if per_channel else np.abs(w).max()
-    s = np.where(m > 0, m / 127.0, 1.0)
-    return (np.clip(np.round(w / s), -127, 127) * s).astype(np.float32)
+    def weight(self, w: np.ndarray) -> np.ndarray:
+        """w: K x N, its output channels on axis 1."""
+        qp = qpm.per_channel_symmetric(w, 1) if self.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        return qpm.fake_quantize(w, qp)
 
 
 def factors(amax: np.ndarray, wmax: np.ndarray, alpha: float) -> np.ndarray:
@@ -157,32 +161,19 @@ def factors(amax: np.ndarray, wmax: np.ndarray, alpha: float) -> np.ndarray:
     return np.where(ok, np.clip(s, *S_RANGE), 1.0).astype(np.float32)
 
 
-def quant_error(g: Group, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, s: np.ndarray | None,
-                per_channel: bool) -> float:
-    """Σ_layers ||X W - Q(X/s) Q(sW)||² / ||X W||² on the sampled rows (s None: no smoothing)."""
+def quant_error(g: Group, rows: np.ndarray, refs: list[np.ndarray], lo: np.ndarray, hi: np.ndarray,
+                s: np.ndarray | None, scheme: Scheme) -> float:
+    """Σ_layers ||X W - Q(X/s) Q(sW)||² / ||X W||² on the sampled rows X (``refs``: each layer's
+    X W; s None: no smoothing)."""
     inv = np.ones_like(lo) if s is None else 1.0 / s
     # the range of X/s over all the data: per channel [lo, hi]/s (s > 0)
-    xq = _fake_quant_act(rows * inv, float(np.min(lo * inv)), float(np.max(hi * inv)))
+    xq = scheme.activation(rows * inv, float(np.min(lo * inv)), float(np.max(hi * inv)))
     num = den = 0.0
-    for _, w in g.layers:
-        ref = rows @ w
+    for (_, w), ref in zip(g.layers, refs):
         ws = w if s is None else w * s[:, None]
-        num += float(np.sum((ref - xq @ _fake_quant_w(ws, per_channel)) ** 2, dtype=np.float64))
+        num += float(np.sum((ref - xq @ scheme.weight(ws)) ** 2, dtype=np.float64))
         den += float(np.sum(ref.astype(np.float64) ** 2))
     return num / den if den > 0 else 0.0
-
-
-def _calib(opts: SmoothQuantOptions, ctx: PassContext | None):
-    if opts.calib is not None:
-        return opts.calib
-    q = ctx.option("quantize") if ctx is not None else None
-    calib = q.get("calib") if isinstance(q, dict) else getattr(q, "calib", None)
-    return None if calib is None or iter(calib) is calib else calib
-
-
-def _quantize_opt(ctx: PassContext | None, name: str, default):
-    q = ctx.option("quantize") if ctx is not None else None
-    return q.get(name, default) if isinstance(q, dict) else getattr(q, name, default)
 
 
 def _layernorm_absorbs(x: Value, g: Group) -> Op | None:
@@ -233,12 +224,14 @@ def smooth_quant(graph: Graph, ctx: PassContext) -> bool:
     the calibration data unless given; needs calibration data."""
     from ..quant.calibrate import observe
     opts = pass_options(ctx, "smooth-quant", SmoothQuantOptions)
-    calib = _calib(opts, ctx)
+    calib = opts.calib if opts.calib is not None else quantize_calib(ctx)
     if calib is None:
         raise UserError("SmoothQuant needs calibration data (it observes each activation's channels)",
                         "--smooth-quant", "give --calib DATA (or the pass option calib)")
-    per_channel = opts.per_channel if opts.per_channel is not None else _quantize_opt(ctx, "per_channel", True)
-    todo = groups(graph, frozenset(_quantize_opt(ctx, "keep_float", frozenset())))
+    scheme = Scheme(opts.per_channel if opts.per_channel is not None else quantize_option(ctx, "per_channel", True),
+                    quantize_option(ctx, "activation_dtype", "uint8"),
+                    quantize_option(ctx, "symmetric_activations", False))
+    todo = groups(graph, frozenset(quantize_option(ctx, "keep_float", frozenset())))
     if not todo:
         graph.meta["smooth_quant"] = {}
         return False
@@ -252,9 +245,10 @@ def smooth_quant(graph: Graph, ctx: PassContext) -> bool:
             continue
         rows = np.concatenate(o.rows)[: opts.max_rows]
         amax = np.maximum(np.abs(o.lo), np.abs(o.hi))
-        base = quant_error(g, rows, o.lo, o.hi, None, per_channel)
+        refs = [rows @ w for _, w in g.layers]
+        base = quant_error(g, rows, refs, o.lo, o.hi, None, scheme)
         cands = [opts.alpha] if opts.alpha is not None else list(opts.alphas)
-        errs = {a: quant_error(g, rows, o.lo, o.hi, factors(amax, g.wmax, a), per_channel) for a in cands}
+        errs = {a: quant_error(g, rows, refs, o.lo, o.hi, factors(amax, g.wmax, a), scheme) for a in cands}
         best = min(errs, key=errs.get)
         if opts.alpha is None and errs[best] >= base:
             record[g.x.name] = {"alpha": None, "layers": [op.name for op, _ in g.layers],
