@@ -14,7 +14,10 @@ many sentences keep the nearest neighbour they have in fp32 (by cosine, among th
 beside ONNX Runtime (fp32 and ``quantize_dynamic``'s int8) in the same run.
 
 Variants: ``int8`` (static: the CLI's defaults, per-tensor uint8 activations, per-channel int8
-weights), ``int8-sq`` (static with ``--smooth-quant``, α per layer), ``int8-sq0.5`` (α 0.5).
+weights), ``int8-sq`` (static with ``--smooth-quant``, α per layer), ``int8-sq0.5`` (α 0.5),
+``int8-dyn`` (``--activations dynamic``: no calibration, the linear layers' inputs quantized at run
+time per token), ``int8-dyn-tensor`` (``--dynamic-granularity tensor``: one scale per input, as ORT),
+``int8-dyn-sq`` / ``int8-dyn-sq0.5`` (dynamic after ``--smooth-quant`` on the calibration sentences).
 """
 from __future__ import annotations
 
@@ -141,6 +144,10 @@ def _ms(fn, iters: int = 10) -> float:
 
 
 VARIANTS = {"int8": {}, "int8-sq": {"smooth_quant": "auto"}, "int8-sq0.5": {"smooth_quant": 0.5},
+            "int8-dyn": {"activations": "dynamic"},
+            "int8-dyn-tensor": {"activations": "dynamic", "dynamic_granularity": "tensor"},
+            "int8-dyn-sq": {"activations": "dynamic", "smooth_quant": "auto"},
+            "int8-dyn-sq0.5": {"activations": "dynamic", "smooth_quant": 0.5},
             "int8-addf": {"keep_float": ("op:Add",)},
             "x-ffn2f": {"keep_float": ("op:Add", "op:Mul") + tuple(f"/m/encoder/layer.{i}/output/dense/MatMul" for i in range(6))}, "int8-sq-addf": {"smooth_quant": "auto", "keep_float": ("op:Add",)}}
 
@@ -171,7 +178,9 @@ def main(argv=None) -> int:
         fp32 = build(m, "fp32", Path(tmp) / "fp32")
         rows.append(("ours fp32", embed(np.concatenate([fp32(f)[0] for f in ev]), mask), _ms(_call(fp32, ev[0]))))
         for v in [s for s in a.variants.split(",") if s]:
-            b = build(m, "int8", Path(tmp) / v, calib=cal, **dict(VARIANTS[v]))
+            opts = dict(VARIANTS[v])
+            data = opts.get("activations") != "dynamic" or "smooth_quant" in opts     # dynamic: data only to smooth
+            b = build(m, "int8", Path(tmp) / v, calib=cal if data else None, **opts)
             rows.append((f"ours {v}", embed(np.concatenate([b(f)[0] for f in ev]), mask), _ms(_call(b, ev[0]))))
     print(f"# all-MiniLM-L6-v2, {len(texts)} sentences (calibration: {len(cal)} others), {a.threads} threads; "
           f"ORT fp32 {t_ort32:.2f} ms, ORT dynamic int8 {t_ortd:.2f} ms")

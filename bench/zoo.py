@@ -5,6 +5,7 @@
     python bench/zoo.py --group torch --json zoo.json    # one group; also write the rows as JSON
     python bench/zoo.py --fp32-only --models vit-s16     # fp32 columns only (no int8 builds)
     python bench/zoo.py --qdq --group torch              # also: ours on ORT's QDQ file beside ORT on it
+    python bench/zoo.py --dynamic --models bert-base     # int8 = ours --activations dynamic vs ORT quantize_dynamic
 
 Per model, on the same calibration feeds (``--calib`` samples of the zoo's data, seed 0) and
 separate evaluation feeds (``--eval`` samples, seed 1):
@@ -53,10 +54,10 @@ from _timing import median_ms as _median_ms  # noqa: E402  (bench/ is on sys.pat
 
 
 def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int,
-                int8: bool = True, qdq: bool = False) -> dict:
+                int8: bool = True, qdq: bool = False, dynamic: bool = False) -> dict:
     row: dict = {"model": m.name, "group": m.group}
     try:
-        return _bench_model(m, row, tmp, calib_n, eval_n, rounds, iters, threads, int8, qdq)
+        return _bench_model(m, row, tmp, calib_n, eval_n, rounds, iters, threads, int8, qdq, dynamic)
     except Exception as e:                       # noqa: BLE001 - a row per model, whatever failed
         msg = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
         row["failed"] = f"{row.pop('_stage', 'run')}: {type(e).__name__}: {msg}"
@@ -64,7 +65,7 @@ def bench_model(m, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int
 
 
 def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int, iters: int, threads: int,
-                 int8: bool = True, qdq: bool = False) -> dict:
+                 int8: bool = True, qdq: bool = False, dynamic: bool = False) -> dict:
     import tvm
 
     from qcompiler.frontend.onnx_qdq import is_prequantized
@@ -78,10 +79,14 @@ def _bench_model(m, row: dict, tmp: Path, calib_n: int, eval_n: int, rounds: int
     oursq = None
     if int8:
         row["_stage"] = "int8"
-        ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=None if pre else calib)
+        if dynamic:                              # --activations dynamic beside ORT's quantize_dynamic
+            ours8 = build(m, "int8", tmp / f"{m.name}.int8", activations="dynamic")
+        else:
+            ours8 = build(m, "int8", tmp / f"{m.name}.int8", calib=None if pre else calib)
         row["compile_int8_s"] = ours8.seconds
         row["_stage"] = "ort-int8"
-        ort_q_path = path if pre else zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
+        ort_q_path = path if pre else zoo.ort_quantize_dynamic(m, tmp / f"{m.name}.ort_dyn.onnx") if dynamic \
+            else zoo.ort_quantize_static(m, calib, tmp / f"{m.name}.ort_int8.onnx")
         if qdq and not pre:
             row["_stage"] = "qdq"
             oursq = build(m, "int8", tmp / f"{m.name}.qdq", path=ort_q_path)
@@ -212,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fp32-only", action="store_true", help="fp32 builds only: no int8 builds, no ORT quantization")
     ap.add_argument("--qdq", action="store_true", help="also compile ORT's QDQ file with ours (fold-qdq) and "
                     "time it beside ORT on that file")
+    ap.add_argument("--dynamic", action="store_true", help="int8 columns in dynamic mode: ours --activations "
+                    "dynamic beside ORT's quantize_dynamic (no calibration on either side)")
     a = ap.parse_args(argv)
     want = [s for s in a.models.split(",") if s]
     ms = [m for m in zoo.models(a.group) if not want or m.name in want]
@@ -224,7 +231,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="zoo_bench_") as tmp:
         for m in ms:
             row = bench_model(m, Path(tmp), a.calib, a.eval, a.rounds, a.iters, a.threads, int8=not a.fp32_only,
-                              qdq=a.qdq)
+                              qdq=a.qdq, dynamic=a.dynamic)
             rows.append(row)
             print(_fmt(row), flush=True)
             for p in Path(tmp).glob(f"{m.name}*"):          # keep the disk small

@@ -4,6 +4,7 @@
     python bench/zoo_profile.py smart-turn-v3.2 --dtype int8   # a pre-quantized model's int8 build
     python bench/zoo_profile.py deit_tiny --dtype int8         # ORT quantize_static's QDQ file, in both engines
     python bench/zoo_profile.py mobilenet_v3_large --top 30
+    python bench/zoo_profile.py bert-base-seq128 --dtype dynamic  # --activations dynamic vs ORT quantize_dynamic
 
 Ours: every kernel of the default fp32 build (int8: a QDQ model's fold-qdq build; a float model is
 first quantized by ORT's ``quantize_static`` on 32 calibration feeds, as ``bench/zoo.py --qdq`` does,
@@ -41,9 +42,9 @@ def ours(m, dtype: str, path: Path) -> list[tuple[str, float]]:
     from qcompiler.passes import run_passes
     from qcompiler.plan.layer_cost import time_each_kernel
     g = import_onnx(str(path), m.input_shapes, input_values=m.input_values or None)
-    run_passes(g, "default,fold-qdq" if dtype == "int8" else "default")
+    run_passes(g, {"int8": "default,fold-qdq", "dynamic": "default,quantize-dynamic"}.get(dtype, "default"))
     rows = []
-    for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype=dtype)):
+    for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype="fp32" if dtype == "fp32" else "int8")):
         kinds = "+".join(op.kind for op in members)
         rows.append((f"{name} [{kinds}] {tuple(members[-1].result.shape) if members[-1].results else ''}", ms))
     return sorted(rows, key=lambda kv: -kv[1])
@@ -76,7 +77,8 @@ def theirs(m, path: Path, feed: dict, runs: int) -> list[tuple[str, float]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--dtype", choices=("fp32", "int8"), default="fp32")
+    ap.add_argument("--dtype", choices=("fp32", "int8", "dynamic"), default="fp32",
+                    help="dynamic: ours --activations dynamic beside ORT's quantize_dynamic file")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--top", type=int, default=20)
     a = ap.parse_args(argv)
@@ -85,9 +87,13 @@ def main(argv=None) -> int:
     from qcompiler.frontend.onnx_qdq import is_prequantized
     tmp = tempfile.TemporaryDirectory()
     path = m.path()
-    if a.dtype == "int8" and not is_prequantized(str(path)):
+    if a.dtype == "dynamic":
+        path = zoo.ort_quantize_dynamic(m, Path(tmp.name) / f"{m.name}.ort_dyn.onnx")
+        mine = ours(m, a.dtype, m.path())
+    elif a.dtype == "int8" and not is_prequantized(str(path)):
         path = zoo.ort_quantize_static(m, m.feeds(32, seed=0), Path(tmp.name) / f"{m.name}.ort_int8.onnx")
-    mine = ours(m, a.dtype, path)
+    if a.dtype != "dynamic":
+        mine = ours(m, a.dtype, path)
     total = sum(v for _, v in mine)
     kinds: dict[str, float] = defaultdict(float)
     for name, ms in mine:

@@ -84,6 +84,15 @@ CLI_CASES = {   # argv (MODEL and TMP substituted) -> what the message must say
     "bad cuda arch": (["MODEL", "--target", "cuda", "--arch", "ampere", "-o", "TMP/a"], "bad CUDA arch 'ampere'"),
     "missing model": (["inspect", "TMP/none.onnx"], "model file not found"),
     "no arguments to run": (["run", "TMP"], "the following arguments are required: --input"),
+    "dynamic on fp32": (["MODEL", "--activations", "dynamic", "-o", "TMP/a"], "--activations dynamic quantizes to int8"),
+    "dynamic on cuda": (["MODEL", "--target", "cuda", "--dtype", "int8", "--activations", "dynamic", "-o", "TMP/a"],
+                        "--activations dynamic builds x86 and arm"),
+    "dynamic with a budget": (["MODEL", "--dtype", "int8", "--activations", "dynamic", "--min-sqnr", "30", "-o",
+                               "TMP/a"], "--min-sqnr/--max-accuracy-drop works on calibrated (static)"),
+    "dynamic smooth-quant without data": (["MODEL", "--dtype", "int8", "--activations", "dynamic", "--smooth-quant",
+                                           "-o", "TMP/a"], "--smooth-quant observes the activations"),
+    "unknown granularity": (["MODEL", "--dtype", "int8", "--activations", "dynamic", "--dynamic-granularity",
+                             "channel", "-o", "TMP/a"], "invalid choice: 'channel'"),
 }
 
 
@@ -521,3 +530,39 @@ def test_compile_json_is_the_report_on_stdout(tmp_path, capsys):
         else:
             assert "calibration" not in doc["report"] and "evaluation" not in doc["report"]
         assert "wrote" in err
+
+
+def test_dynamic_int8_needs_no_calibration_data(tmp_path, capsys):
+    """``--activations dynamic``: the Gemm layers int8 with run-time activation scales, no --calib;
+    the report names them int8>f32 with their range source, the outputs follow the float model."""
+    src = _mlp_onnx(tmp_path)
+    out = tmp_path / "dyn"
+    code, _, err = run(capsys, src, "--dtype", "int8", "--activations", "dynamic", "-o", str(out), "-q")
+    assert code == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    gemms = [r for r in rep["layers"] if r["kind"] == "DynamicQLinearGemm"]
+    assert len(gemms) == 2 and all(r["precision"] == "int8>f32" and r["range_source"] == "run time, per token"
+                                   for r in gemms), rep["layers"]
+    import onnxruntime as ort
+    from qcompiler.runtime import load
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = load(out)(x=x)[0]
+    from qcompiler.quant import sqnr_db
+    assert sqnr_db(want, got) > 30.0
+
+
+def _mlp_onnx(tmp_path) -> str:
+    """x (4 x 32) -> Gemm 64 -> Relu -> Gemm 10: random weights."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (32, 64)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 64).astype(np.float32), "b1"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (64, 10)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])], inits)
+    p = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    return str(p)

@@ -8,4 +8,5 @@
 
 tests/zoo and bench/zoo.py share this loader. Nothing here is needed by the qcompiler package.
 """
-from .loader import CACHE, ZooModel, get, models, ort_quantize_static, ort_run, ort_session, sqnr_db  # noqa: F401
+from .loader import (CACHE, ZooModel, get, models, ort_quantize_dynamic, ort_quantize_static, ort_run,  # noqa: F401
+                     ort_session, sqnr_db)

@@ -234,3 +234,17 @@ def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path, per_chann
                         activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                         weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric})
     return out
+
+
+def ort_quantize_dynamic(model: ZooModel, out: Path, per_channel: bool = False) -> Path:
+    """ONNX Runtime's ``quantize_dynamic`` of ``model`` (its defaults: int8 weights, per tensor unless
+    ``per_channel``; uint8 activations quantized at run time by DynamicQuantizeLinear), as a user runs it."""
+    import contextlib
+    import io
+    import warnings
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(model.path()), str(out), weight_type=QuantType.QInt8, per_channel=per_channel)
+    return out

@@ -66,6 +66,11 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--smooth-quant", nargs="?", const="auto", default=None, metavar="ALPHA",
                    help="SmoothQuant: move activation outliers into the weights of linear layers, strength ALPHA "
                         "in [0, 1] (no value: chosen per layer from the calibration data)")
+    q.add_argument("--activations", default="static", choices=("static", "dynamic"),
+                   help="static: activation ranges calibrated on --calib (default); dynamic: the linear layers' "
+                        "inputs quantized at run time from their own range (no calibration data needed)")
+    q.add_argument("--dynamic-granularity", default="token", choices=("token", "tensor"),
+                   help="--activations dynamic: one activation scale per row/token (default) or per tensor")
     q.add_argument("--requantize", action="store_true",
                    help="a pre-quantized (QDQ) model: drop its own quantization and calibrate it afresh on --calib")
     m = p.add_argument_group("mixed precision (which layers stay float)")

@@ -49,7 +49,7 @@ from ..errors import UserError
 from .target import Family, TargetSpec
 
 INDEX = "qcompiler_tune.json"
-HAND_ONLY = ("sparse", "conv2d_dot", "conv2d_winograd", "dense_dot")     # tensor intrinsics / sparse formats: hand schedules
+HAND_ONLY = ("sparse", "conv2d_dot", "conv2d_winograd", "dense_dot", "dense_amx")     # tensor intrinsics / sparse formats: hand schedules
 FLOATS = ("float32", "float16")
 # a tuned schedule only reorders float sums: max|tuned - hand| / max|hand| allowed, by output dtype
 # (fp32: ~300-term sums differ by a few ulp; fp16 storage: one rounding step, 2^-10)

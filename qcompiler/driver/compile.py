@@ -133,7 +133,7 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
         g = _dequantized_model(g)
     calib = evaluation = None
     prequantized = opts.quantizing and bool(g.meta.get("prequantized"))
-    if opts.quantizing and not (prequantized and opts.calib.source is None):
+    if opts.quantizing and not ((prequantized or opts.calib.dynamic) and opts.calib.source is None):
         # opened once; held-back data for the report; bad data fails early (a QDQ model needs none)
         calib = CalibSource.open(opts.calib, g.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
         evaluation = calib.evaluation()

@@ -64,6 +64,12 @@ class CalibOptions:
     bias_correction: BiasCorrection | None = None   # None: empirical when quantizing
     requantize: bool = False                 # a pre-quantized model: drop its Q/DQ, calibrate it afresh
     smooth_quant: float | Literal["auto"] | None = None   # SmoothQuant α (or chosen per layer); None: off
+    activations: Literal["static", "dynamic"] = "static"   # dynamic: linear layers' inputs quantized at run time
+    dynamic_granularity: Literal["token", "tensor"] = "token"   # dynamic: one scale per row, or per tensor
+
+    @property
+    def dynamic(self) -> bool:
+        return self.activations == "dynamic"
 
     @property
     def is_random(self) -> bool:
@@ -119,6 +125,32 @@ class CompileOptions:
     def quantizing(self) -> bool:
         return self.target.dtype == "int8"
 
+    def _check_dynamic(self) -> None:
+        """``--activations dynamic``: int8 x86/arm, and none of the options that belong to static ranges."""
+        spec, cal, b = self.target, self.calib, self.budget
+        if spec.dtype != "int8":
+            raise UserError(f"--activations dynamic quantizes to int8, but --dtype is {spec.dtype}", "--activations",
+                            "add --dtype int8")
+        if spec.family is Family.CUDA:
+            raise UserError("--activations dynamic builds x86 and arm artifacts (run-time activation "
+                            "quantization); CUDA int8 is static", "--activations",
+                            "use --target x86|arm, or --activations static --calib DATA for CUDA")
+        given = [flag for flag, on in (("--equalize", bool(cal.equalize)),
+                                       ("--bias-correction", cal.bias_correction not in (None, BiasCorrection.NONE)),
+                                       ("--requantize", cal.requantize),
+                                       ("--min-sqnr/--max-accuracy-drop", b.budget is not None),
+                                       ("--force-int8", bool(b.force_int8)), ("--sensitivity", bool(b.sensitivity)),
+                                       ("--export-qdq", bool(self.export_qdq)),
+                                       ("--debug-layers", bool(spec.debug_layers)))
+                 if on]
+        if cal.smooth_quant is not None and cal.is_random:
+            raise UserError("--smooth-quant observes the activations' channels on calibration data, and this "
+                            "dynamic build has none", "--smooth-quant", "add --calib DATA, or drop --smooth-quant")
+        if given:
+            raise UserError(f"{given[0]} works on calibrated (static) activation ranges; --activations dynamic "
+                            "computes them at run time", given[0],
+                            f"drop {given[0]}, or use --activations static --calib DATA")
+
     def check(self) -> None:
         """Reject contradicting options before any work (one UserError, naming the flag)."""
         spec, cal = self.target, self.calib
@@ -143,6 +175,11 @@ class CompileOptions:
         if spec.dtype != "int8" and cal.eval_path:
             raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval",
                             "add --dtype int8")
+        if cal.activations not in ("static", "dynamic") or cal.dynamic_granularity not in ("token", "tensor"):
+            raise UserError(f"--activations {cal.activations} / --dynamic-granularity {cal.dynamic_granularity}",
+                            "--activations", "give --activations static|dynamic, --dynamic-granularity token|tensor")
+        if cal.dynamic:
+            self._check_dynamic()
         if spec.dtype == "int8" and cal.eval_samples < 0:
             raise UserError(f"--eval-samples must be 0 or more, got {cal.eval_samples}", "--eval-samples",
                             "give a number of samples, or 0 to skip the evaluation")

@@ -20,6 +20,7 @@ from ..passes import PassContext, PassManager, parse_pipeline
 from ..passes.encode_sparse import EncodeSparseOptions
 from ..passes.prune import PruneOptions
 from ..passes.quantize import CALIB_RUN, QuantizeOptions
+from ..passes.quantize_dynamic import QuantizeDynamicOptions
 from ..passes.smooth_quant import SmoothQuantOptions
 from ..plan import mixed
 from ..plan.dfq import dfq_recipe, equalize_default
@@ -85,6 +86,45 @@ def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOption
                            bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL))
 
 
+def _run_dynamic(graph, opts: CompileOptions, log, pipeline: list[str], prequantized: bool,
+                 calib: CalibSource | None) -> PassManager:
+    """``--activations dynamic``: the float passes, (smooth-quant, on ``calib``: the one use of
+    calibration data here), then quantize-dynamic in place of quantize (no ranges, no DFQ, no layer
+    selection: the options that need them were refused by :meth:`CompileOptions.check`), then the
+    sparse weight encoding."""
+    if prequantized:
+        raise UserError("--activations dynamic quantizes a float model, but this one arrives quantized (its own "
+                        "QuantizeLinear/DequantizeLinear or integer ops)", "--activations",
+                        "drop --activations dynamic: the model compiles with its own quantization")
+    c = opts.calib
+    pipeline = ["quantize-dynamic" if p == "quantize" else p for p in pipeline]
+    prune_opts = prune_options(opts.sparsity)
+    if prune_opts is not None and "prune" not in pipeline:
+        pipeline.insert(pipeline.index("quantize-dynamic"), "prune")
+    if "encode-sparse" not in pipeline:
+        pipeline.append("encode-sparse")
+    ctx = PassContext(log=log)
+    ctx.options["quantize-dynamic"] = QuantizeDynamicOptions(granularity=c.dynamic_granularity,
+                                                             per_channel=not c.per_tensor,
+                                                             keep_float=frozenset(opts.budget.keep_float))
+    if prune_opts is not None:
+        ctx.options["prune"] = prune_opts
+    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective, target=opts.target.family)
+    if c.smooth_quant is not None:
+        if calib is None:
+            calib = CalibSource.open(c, graph.inputs)
+        if "smooth-quant" not in pipeline:
+            pipeline.insert(pipeline.index("quantize-dynamic"), "smooth-quant")
+        ctx.options["smooth-quant"] = SmoothQuantOptions(
+            alpha=None if c.smooth_quant == "auto" else c.smooth_quant, calib=calib.calibration(),
+            per_channel=not c.per_tensor, granularity=c.dynamic_granularity,
+            keep_float=frozenset(opts.budget.keep_float))
+    p = opts.pipeline
+    pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
+    pm.run(graph)
+    return pm
+
+
 def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None = None, evaluation=None,
                  board=None) -> PassManager:
     """Run the passes of ``opts`` on ``graph`` in place; returns the PassManager (timings, ctx).
@@ -92,6 +132,8 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
     ``evaluation``: the report's held-back data; ``board``: a connected RPC board for layer costs."""
     pipeline = parse_pipeline(pass_list(opts))
     prequantized = "quantize" in pipeline and bool(graph.meta.get("prequantized"))
+    if opts.calib.dynamic and "quantize" in pipeline:
+        return _run_dynamic(graph, opts, log, pipeline, prequantized, calib)
     if prequantized:
         _check_prequantized(opts)
         pipeline = ["fold-qdq" if p == "quantize" else p for p in pipeline]

@@ -12,7 +12,8 @@ from .options import CompileOptions
 
 def is_quantized(graph) -> bool:
     """Whether the graph holds integer ops (the quantize pass ran and quantized something)."""
-    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize") for op in graph.ops)
+    return any(op.kind.startswith("QLinear") or op.kind in ("QuantizeLinear", "Requantize", "DynamicQLinearGemm")
+               for op in graph.ops)
 
 
 @dataclass
@@ -32,17 +33,21 @@ class ReportFiles:
                                         timings=opts.pipeline.time_passes)   # seconds only on request
         quantized = spec.dtype == "int8" and is_quantized(g)
         if quantized:
-            calib = pm.ctx.options["quantize"].calib
+            calib = getattr(pm.ctx.options.get("quantize"), "calib", None)
             calibration = {"source": c.source, "samples": calib.num_samples if calib is not None
                            else c.random_samples, "method": c.method}
-            if g.meta.get("prequantized"):       # fold-qdq: the model's own scales, nothing calibrated
+            if c.dynamic:                        # quantize-dynamic: ranges at run time, nothing calibrated
+                calibration = {"source": "none: activations quantized at run time", "samples": 0,
+                               "method": f"run-time min/max per {c.dynamic_granularity}"}
+            elif g.meta.get("prequantized"):       # fold-qdq: the model's own scales, nothing calibrated
                 calibration = {"source": "the model's own QuantizeLinear/DequantizeLinear", "samples": 0,
                                "method": "given"}
             rep = report.build_report(
                 pm.ctx.data.get("quantize.float_graph"), g, evaluation, percentile=c.percentile,
                 model=name, target=spec.family, given=given, calibration=calibration)
             rep.update(data)
-            rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
+            if not c.dynamic:
+                rep.update(mixed.report_parts(g, pm.ctx.data.get("mixed") or {}, pm.ctx.options["quantize"], rep))
             if pm.ctx.data.get("layer_costs") is not None:        # per-layer ms, boundaries, slower-than-float
                 chosen = (pm.ctx.data.get("mixed") or {}).get("selection", {}).get("float_layers", [])
                 rep["latency"] = pm.ctx.data["layer_costs"].to_json(frozenset(chosen))

@@ -65,6 +65,13 @@ def export_qdq(graph: Graph, *, float_bias: bool = False, uint8_weights: bool = 
     ``uint8_weights``: the int8 weights of a conv/gemm with a uint8 input written as uint8 ``w + 128``
     with zero point ``z_w + 128`` (the same real weights), so that ONNX Runtime runs its exact
     U8U8 kernels (see :func:`to_qdq_graph`); ``qcompile verify`` exports with it."""
+    dynamic = next((op for op in graph.ops if op.kind in ("DynamicQuantParams", "DynamicQLinearGemm")), None)
+    if dynamic is not None:
+        from ..errors import UserError
+        raise UserError(f"{dynamic.describe()} quantizes its input at run time (dynamic int8), which QDQ ONNX "
+                        "cannot state: its scales are not constants", "QDQ export",
+                        "compile the model with qcompile, or export the float model (ONNX Runtime's "
+                        "quantize_dynamic makes its own dynamic int8 file)")
     g = to_qdq_graph(graph, float_bias=float_bias, uint8_weights=uint8_weights)
     model = export_onnx(g)
     if not float_bias:

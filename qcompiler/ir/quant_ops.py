@@ -230,6 +230,50 @@ register_op("QLinearAveragePool", _qlinear_pool("QLinearAveragePool", _pool),
 register_op("Requantize", _requantize, _RQ, quantized_result=True, doc="q_out = requant(q - z_in): change params")
 
 
+# Dynamic int8 (qcompiler.quant.dynamic): an activation quantized at run time to asymmetric uint8.
+#   DynamicQuantParams(a)               a float32 (M x K) -> float32 (R x 3), rows [s, 1/s, z]: R = M
+#                                       (``granularity`` "token": one per row) or 1 ("tensor")
+#   DynamicQLinearGemm(a, p, wq[, b])   wq int8 (N x K, symmetric, per tensor or per output channel),
+#                                       b float32 (N,); q = clamp(round(a * p[:,1]) + p[:,2], 0, 255),
+#   acc = Σ_k q[m,k] wq[n,k] - z[m] Σ_k wq[n,k]      y = f32(acc) * f32(s[m] s_w[n]) + b[n]   (float32)
+DYNAMIC_GRANULARITIES = ("token", "tensor")
+
+
+def _dynamic_quant_params(ts, a):
+    A = ts[0]
+    if A.quant is not None or A.dtype != "float32" or A.rank != 2:
+        raise InferError(f"DynamicQuantParams takes a 2-D float32 activation, got {A}")
+    if a["granularity"] not in DYNAMIC_GRANULARITIES:
+        raise InferError(f"DynamicQuantParams granularity must be one of {DYNAMIC_GRANULARITIES}, "
+                         f"got {a['granularity']!r}")
+    return [TensorType((A.shape[0] if a["granularity"] == "token" else 1, 3), "float32")]
+
+
+def _dynamic_qlinear_gemm(ts, a):
+    A, P, W = ts[0], ts[1], ts[2]
+    if A.quant is not None or A.dtype != "float32":
+        raise InferError(f"DynamicQLinearGemm input must be float32 (quantized at run time), got {A}")
+    if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
+        raise InferError(f"DynamicQLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
+    if P.dtype != "float32" or P.rank != 2 or P.shape[1] != 3 or P.shape[0] not in (1, A.shape[0]):
+        raise InferError(f"DynamicQLinearGemm params must be DynamicQuantParams' (1 or {A.shape[0]}) x 3, got {P}")
+    _quant_operand("DynamicQLinearGemm", W, "weight", per_tensor=False)
+    if W.dtype != "int8" or (W.quant.per_channel and W.quant.axis % 2 != 0) or any(W.quant.zero_point):
+        raise InferError(f"DynamicQLinearGemm weight must be int8, symmetric, per tensor or along axis 0, got {W}")
+    if len(ts) == 4 and (ts[3].quant is not None or ts[3].dtype != "float32" or ts[3].shape != (W.shape[0],)):
+        raise InferError(f"DynamicQLinearGemm bias must be float32 of shape ({W.shape[0]},), got {ts[3]}")
+    if a["activation"] not in ("", "Relu", "Clip"):
+        raise InferError("DynamicQLinearGemm takes only a Relu/Clip activation")
+    return [TensorType((A.shape[0], W.shape[0]), "float32")]
+
+
+register_op("DynamicQuantParams", _dynamic_quant_params, {"granularity": "token"}, (1, 1),
+            doc="the run-time uint8 parameters [scale, 1/scale, zero point] of a float32 activation, per row "
+                "or per tensor (ONNX Runtime's DynamicQuantizeLinear)")
+register_op("DynamicQLinearGemm", _dynamic_qlinear_gemm, dict(_ACT), (3, 4),
+            doc="float32 A quantized to uint8 with its run-time params, times int8 W^T, int32 accumulation, "
+                "float32 result f32(acc) * f32(s_a s_w[n]) + bias")
+
 # ---- integer ops of pre-quantized ONNX models (imported as they are; see qcompiler.frontend.onnx_qdq) ----
 # ONNX semantics, results int32, zero points as operands (DynamicQuantizeLinear makes x's at run time):
 #   ConvInteger(x, w, x_zp, w_zp)    y = Σ (x - x_zp) * (w - w_zp[c]), padding contributes 0 (x = x_zp);

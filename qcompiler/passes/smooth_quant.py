@@ -49,6 +49,7 @@ from ..errors import UserError
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
 from ..quant import qparams as qpm
+from ..quant.dynamic import quantize_rows, row_params
 from ._common import is_output, pass_options, quantize_calib, quantize_option
 from .manager import PassContext, register_pass
 
@@ -63,6 +64,8 @@ class SmoothQuantOptions:
     calib: Any = None                       # feeds (a Dataset); None: the quantize pass's
     per_channel: bool | None = None         # weights' scheme in the α search; None: the quantize pass's
     max_rows: int = 256                     # rows of each activation the α search uses
+    granularity: str | None = None          # a dynamic build's activation scales ("token"/"tensor"); None: static
+    keep_float: frozenset | None = None     # layers left alone; None: the quantize pass's
 
     def __post_init__(self):
         if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
@@ -142,8 +145,12 @@ class Scheme:
     per_channel: bool = True
     activation_dtype: str = "uint8"
     symmetric: bool = False
+    granularity: str | None = None           # dynamic: each row's (or the rows') own range, at run time
 
     def activation(self, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        if self.granularity is not None:     # qcompiler.quant.dynamic's quantization of the rows themselves
+            s, r, z = row_params(x, self.granularity)
+            return ((quantize_rows(x, r, z).astype(np.float32) - z) * s).astype(np.float32)
         make = qpm.symmetric if self.symmetric else qpm.asymmetric
         return qpm.fake_quantize(x, make(lo, hi, self.activation_dtype))
 
@@ -230,8 +237,9 @@ def smooth_quant(graph: Graph, ctx: PassContext) -> bool:
                         "--smooth-quant", "give --calib DATA (or the pass option calib)")
     scheme = Scheme(opts.per_channel if opts.per_channel is not None else quantize_option(ctx, "per_channel", True),
                     quantize_option(ctx, "activation_dtype", "uint8"),
-                    quantize_option(ctx, "symmetric_activations", False))
-    todo = groups(graph, frozenset(quantize_option(ctx, "keep_float", frozenset())))
+                    quantize_option(ctx, "symmetric_activations", False), opts.granularity)
+    keep = opts.keep_float if opts.keep_float is not None else quantize_option(ctx, "keep_float", frozenset())
+    todo = groups(graph, frozenset(keep))
     if not todo:
         graph.meta["smooth_quant"] = {}
         return False

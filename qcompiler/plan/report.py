@@ -159,7 +159,8 @@ def chunks(data: EvalData, size: int, batch: int) -> Iterator[tuple[dict[str, np
 def _is_layer(op: Op, float_layers: set[str]) -> bool:
     if op.kind == "DequantizeLinear" or len(op.results) != 1:      # multi-result ops (Split) are not layers
         return False
-    return op.result.type.quant is not None or op.name in float_layers or op.kind == "QLinearGemm"
+    return (op.result.type.quant is not None or op.name in float_layers
+            or op.kind in ("QLinearGemm", "DynamicQLinearGemm"))
 
 
 def quantized_ops(graph: Graph) -> list[Op]:
@@ -174,7 +175,7 @@ def _method(scheme: dict, percentile: float | None) -> str:
 
 
 def _weight_row(op: Op) -> dict:
-    w = op.operands[1].type.quant
+    w = op.operands[2 if op.kind == "DynamicQLinearGemm" else 1].type.quant
     return {"dtype": w.storage, "per_channel": w.axis is not None, "count": len(w.scale),
             "scale_min": float(min(w.scale)), "scale_max": float(max(w.scale))}
 
@@ -192,8 +193,11 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         qp = op.result.type.quant
         row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name,
                                "shape": list(op.result.shape)}
-        if qp is None and op.kind == "QLinearGemm":         # int8 GEMM, float32 (dequantized) result
+        if qp is None and op.kind in ("QLinearGemm", "DynamicQLinearGemm"):   # int8 GEMM, float32 result
             row.update(precision="int8>f32", weight=_weight_row(op))
+            if op.kind == "DynamicQLinearGemm":
+                p = op.operands[1].producer
+                row["range_source"] = f"run time, per {p.attrs.get('granularity', 'token') if p else 'token'}"
             rows.append(row)
             continue
         if qp is None:

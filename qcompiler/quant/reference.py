@@ -32,6 +32,7 @@ from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, dequantize, np_dtype, quantize
 from ..ir.windows import chunked_matmul, conv_sum, windows
 from . import hardswish
+from .dynamic import dynamic_gemm, row_params
 from .requant import activation_clamp, dequantized, requantize
 
 Kernel = Callable[[Op, list, dict], list]
@@ -198,6 +199,31 @@ def _qgemm(op, xs, a):
         return [dequantized(acc, op.operands[0].type.quant.scale[0], op.operands[1].type.quant.scale,
                             a["activation"], a["activation_params"] or [])]
     return [_requant_out(op, acc, a)]
+
+
+def _samples(op, A: np.ndarray) -> list[np.ndarray]:
+    """``A`` split into the declared row count: more samples than declared stack their rows (see
+    Reshape), and a per-tensor range is each sample's own."""
+    m = op.operands[0].shape[0]
+    return [A] if A.shape[0] == m or A.shape[0] % m else np.split(A, A.shape[0] // m)
+
+
+@kernel("DynamicQuantParams")
+def _dynamic_quant_params(op, xs, a):
+    return [np.concatenate([np.concatenate(row_params(p, a["granularity"]), axis=1) for p in _samples(op, xs[0])])]
+
+
+@kernel("DynamicQLinearGemm")
+def _dynamic_qgemm(op, xs, a):
+    A, P, w = xs[0], xs[1], xs[2]
+    bias = xs[3] if len(xs) > 3 else None
+    parts = _samples(op, A)
+    rows = parts[0].shape[0]
+    per_tensor = op.operands[1].shape[0] == 1          # one params row per sample, else one per row of A
+    outs = [dynamic_gemm(part, P[i:i + 1] if per_tensor else P[i * rows:(i + 1) * rows], w,
+                         op.operands[2].type.quant.scale, bias, a["activation"], a["activation_params"] or [])
+            for i, part in enumerate(parts)]
+    return [np.concatenate(outs)]
 
 
 @kernel("QLinearAdd")

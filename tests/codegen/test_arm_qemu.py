@@ -85,3 +85,20 @@ def test_real_model_under_qemu_matches_onnxruntime(run_model, tmp_path, name, or
         np.testing.assert_allclose(y, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
         if ref.size > 1:
             assert y.argmax() == ref.argmax()
+
+
+def test_dynamic_int8_gemm_under_qemu(run_model, tmp_path):
+    """DynamicQuantParams + DynamicQLinearGemm on ``sdot`` (the uint8 activation stored as int8,
+    the run-time zero point shifted by 128): the artifact's output equals the reference
+    interpreter's within an ulp of the product and one of the result (an FMA may fuse the bias add)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_x86_dynamic_int8 import activations, dynamic_graph, fma_tolerance
+
+    from qcompiler.quant import reference
+    g, _, b = dynamic_graph(24, 64, 40, "token", act="Relu")
+    out = write_artifact(g, SPEC, tmp_path / "OUT")
+    x = activations(24, 64)
+    y = _run_on_arm(run_model, out, x, tmp_path).reshape(24, 40)
+    want = reference.run(g, {"a": x})[0]
+    assert np.all(np.abs(y - want) <= fma_tolerance(want, b)), float(np.max(np.abs(y - want)))

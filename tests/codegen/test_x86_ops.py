@@ -322,7 +322,8 @@ def test_multiple_outputs_and_passthrough():
 
 
 QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "Requantize",
-               "ConvInteger", "MatMulInteger")   # pre-quantized models' integer ops: tests/codegen/test_x86_qdq.py
+               "ConvInteger", "MatMulInteger",   # pre-quantized models' integer ops: tests/codegen/test_x86_qdq.py
+               "DynamicQuantParams", "DynamicQLinearGemm")   # dynamic int8: tests/codegen/test_x86_dynamic_int8.py
 
 
 def _is_quant(kind: str) -> bool:

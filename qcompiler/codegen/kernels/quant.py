@@ -33,14 +33,14 @@ from tvm import te, tirx
 from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType
 from ...ir.types import quantize as np_quantize
-from ...quant.requant import activation_clamp
+from ...quant.requant import activation_clamp, float_clamp
 from ..cuda import int8 as cuda_int8
 from ..x86 import qwinograd, se_mul
 from . import elementwise as kelem
 from . import qdot
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
-from .requant import (float_channel_vec, folded_bias, hardswish_fn, is_cpu, is_x86, requant_fn, requantized,
-                      round_half_even)
+from .requant import (channel_vec, float_channel_vec, folded_bias, hardswish_fn, is_cpu, is_x86, requant_fn, requantized,
+                      round_half_even, wrapping_add)
 from .tensor import (Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize,
                      padded_extent, repeat_last)
 
@@ -129,6 +129,96 @@ def qgemm(ctx, a, ins, outs):
     else:
         acc_at = _dense_int16(ctx, A, w, m, n, kk)
     return [requantized(ctx, a, outs[0], w, bias, za, lambda idx: acc_at(idx[0], idx[1]))]
+
+
+# ---- dynamic int8: the activation quantized at run time ------------------------------------------
+def dynamic_quant_params(ctx, a, ins, outs):
+    """``DynamicQuantParams`` (:func:`qcompiler.quant.dynamic.row_params`): the activation's range per
+    row (or over the tensor) in two reductions, over vectors of ``L`` lanes ("xpmin"/"xpmax",
+    rows x L) and then across the lanes ("xmin"/"xmax"); the result row ``[s, 1/s, z]`` per row."""
+    if _is_cuda(ctx):
+        raise NotImplementedError("run-time activation quantization is built for x86 and arm; CUDA int8 is static")
+    A = ins[0]
+    m, kk = A.shape
+    rows = outs[0].shape[0]
+    L = divisor_at_most(kk, ctx.vw)
+
+    def x_at(i, k):
+        return cast(A.at((i, k)), F32)
+    ko, ko2 = te.reduce_axis((0, kk // L), "ko"), te.reduce_axis((0, kk // L), "ko")
+    if rows > 1:
+        pmin = compute((rows, L), lambda i, l: te.min(x_at(i, ko * L + l), axis=[ko]), name="xpmin")
+        pmax = compute((rows, L), lambda i, l: te.max(x_at(i, ko2 * L + l), axis=[ko2]), name="xpmax")
+    else:
+        ri, ri2 = te.reduce_axis((0, m), "ri"), te.reduce_axis((0, m), "ri")
+        pmin = compute((1, L), lambda i, l: te.min(x_at(ri, ko * L + l), axis=[ri, ko]), name="xpmin")
+        pmax = compute((1, L), lambda i, l: te.max(x_at(ri2, ko2 * L + l), axis=[ri2, ko2]), name="xpmax")
+    rl, rl2 = te.reduce_axis((0, L), "rl"), te.reduce_axis((0, L), "rl")
+    lo = compute((rows,), lambda i: te.min(pmin[i, rl], axis=[rl]), name="xmin")
+    hi = compute((rows,), lambda i: te.max(pmax[i, rl2], axis=[rl2]), name="xmax")
+    f0, f1 = tirx.const(0.0, F32), tirx.const(1.0, F32)
+    cpu = is_cpu(ctx)
+
+    def param(idx):
+        i, c = idx
+        lo0 = tirx.min(lo[i], f0)
+        d = tirx.max(hi[i], f0) - lo0
+        sc = tirx.Select(d == f0, f1, d / tirx.const(255.0, F32))
+        r = f1 / sc
+        z = tirx.max(tirx.min(round_half_even(-lo0 * r, cpu), tirx.const(255.0, F32)), f0)
+        return tirx.Select(c == 0, sc, tirx.Select(c == 1, r, z))
+    ctx.schedule("row_stats")
+    return [Lazy(outs[0].shape, F32, param)]
+
+
+def dynamic_qgemm(ctx, a, ins, outs):
+    """``DynamicQLinearGemm(a, p, w[, bias])`` (:mod:`qcompiler.quant.dynamic`): ``a`` quantized to
+    uint8 with its rows' ``p = [s, 1/s, z]`` inside the gemm's packing stage, the accumulator on the
+    dot-product instructions of :func:`qgemm`, and the epilogue
+    ``f32(acc - (z[m] + z_eff) Σ_k w[n, k]) * f32(s[m] s_w[n]) + bias[n]``."""
+    A, P = ins[0], ins[1]
+    w = ctx.const_data(2)                       # N x K int8
+    if w is None:
+        raise NotImplementedError("DynamicQLinearGemm needs a constant weight")
+    if _is_cuda(ctx):
+        raise NotImplementedError("run-time activation quantization is built for x86 and arm; CUDA int8 is static")
+    m, n = outs[0].shape
+    kk = w.shape[1]
+    per_row = P.shape[0] > 1
+
+    def p_at(i, c):
+        return P.at((i if per_row else 0, c))
+    cpu = is_cpu(ctx)
+
+    def q_at(idx):
+        v = round_half_even(cast(A.at(idx), F32) * p_at(idx[0], 1), cpu) + p_at(idx[0], 2)
+        return cast(cast(tirx.max(tirx.min(v, tirx.const(255.0, F32)), tirx.const(0.0, F32)), I32), "uint8")
+    Q = Lazy((m, kk), "uint8", q_at)
+    isa = qdot.isa_of(ctx)
+    if qdot.applicable(isa, Q, w):
+        acc_at, zeff = qdot.dense(ctx, Q, w, 0, isa)
+    else:
+        acc_at, zeff = _dense_int16(ctx, Q, w, m, n, kk), 0
+    colsum = channel_vec(ctx, qdot.wrap_int32(w.astype(np.int64).sum(axis=1)), I32, "qcolsum")
+    sw = float_channel_vec(ctx, [float(v) for v in np.broadcast_to(
+        np.asarray(ctx.op.operands[2].type.quant.scale, np.float32), (n,))], "qsw")
+    bias = ctx.const_data(3)
+    bv = float_channel_vec(ctx, [float(v) for v in bias.astype(np.float32)], "qb") if bias is not None else None
+    lo, hi = float_clamp(a.get("activation", "") or "", a.get("activation_params") or [])
+
+    def out(idx):
+        i, j = idx
+        zi = cast(p_at(i, 2), I32) + tirx.const(zeff, I32)
+        acc = wrapping_add(acc_at(i, j), -(zi * colsum(j)))
+        y = cast(acc, F32) * (p_at(i, 0) * sw(j))
+        if bv is not None:
+            y = y + bv(j)
+        if lo != -np.inf:
+            y = tirx.max(y, tirx.const(lo, F32))
+        if hi != np.inf:
+            y = tirx.min(y, tirx.const(hi, F32))
+        return y
+    return [Lazy(outs[0].shape, F32, out)]
 
 
 def _dense_int16(ctx, A, w, m, n, kk):
@@ -436,7 +526,8 @@ def pad(ctx, a, ins, outs, float_builder):
 
 
 ANCHOR_BUILDERS = {
-    "QLinearConv": qconv2d, "QLinearGemm": qgemm,
+    "QLinearConv": qconv2d, "QLinearGemm": qgemm, "DynamicQLinearGemm": dynamic_qgemm,
+    "DynamicQuantParams": dynamic_quant_params,
     "QLinearGlobalAveragePool": qglobal_avgpool, "QLinearAveragePool": qavgpool,
 }
 LAZY_BUILDERS = {

@@ -28,6 +28,8 @@ and target test live in :mod:`..arm.intrin`; :func:`..isa.int8_isa` answers for 
 """
 from __future__ import annotations
 
+import os
+
 from functools import lru_cache
 
 from tvm import s_tir
@@ -71,6 +73,24 @@ def _isa(cpu: str, mattr: tuple) -> DotIsa | None:
     if has("avx2"):
         return DotIsa("pmaddwd", 8)
     return None
+
+
+def has_amx_int8(spec: TargetSpec) -> bool:
+    """Whether an x86 ``spec``'s CPU has AMX-INT8 tiles (Sapphire Rapids and later; ``-amx-int8``
+    in ``spec.features`` switches them off), and ``QC_X86_AMX`` is not ``0``."""
+    if spec.family is not Family.X86 or os.environ.get("QC_X86_AMX", "1") == "0":
+        return False
+    host = spec.host_tvm
+    return _amx(host.get("mcpu", ""), tuple(host.get("mattr", ())))
+
+
+@lru_cache(maxsize=None)
+def _amx(cpu: str, mattr: tuple) -> bool:
+    import tvm
+    from tvm.target import codegen
+    t = {"kind": "llvm", **({"mcpu": cpu} if cpu else {}), **({"mattr": list(mattr)} if mattr else {})}
+    target = tvm.target.Target(t)
+    return all(bool(codegen.llvm_cpu_has_features([f], target)) for f in ("amx-tile", "amx-int8"))
 
 
 # ---- the intrinsics --------------------------------------------------------------------------------

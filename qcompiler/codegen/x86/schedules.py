@@ -14,10 +14,10 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 * ``conv2d_winograd``: the int8 3x3 Winograd conv, one parallel loop over output tile rows or
   output-channel blocks holding one transform, 16 tensorized gemms and the output transform
   (:func:`conv2d_winograd`).
-* ``dense``: packed weights (N/bn, K, bn); rows blocked by ``mb``, ``bn`` columns vectorized.
-* ``matmul``: batched, rows parallel, columns vectorized.
-* ``rowwise``: reductions over trailing axes computed per row inside the parallel row loop.
-* ``generic``: inline injective stages; parallel outer loop, vectorized inner loop.
+* ``dense`` / ``dense_dot`` / ``dense_amx``: gemms, packed weights, row tiles of ``mb`` rows by column
+  blocks, the smaller operand re-read (:func:`_tiles_order`); int8 on dot products or AMX tiles.
+* ``matmul``: batched, rows parallel, columns vectorized. ``row_stats``: dynamic int8's row ranges.
+* ``rowwise``: reductions over trailing axes per row. ``generic``: parallel outer, vectorized inner.
 
 A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
 loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
@@ -268,12 +268,34 @@ def pool(sch, vw, reg_n, pad):
     _nchwc(sch, "pool", vw, 1, False, n_red=2, unroll_last_red=False)
 
 
+def row_stats(sch, vw):
+    """DynamicQuantParams: the range reductions ("xpmin"/"xpmax": rows x L lanes, reduced over
+    K / L), lanes innermost and vectorized; then the [s, 1/s, z] rows ("out"), serial."""
+    for name in ("xpmin", "xpmax"):
+        b = sch.get_sblock(name)
+        i, l, *red = sch.get_loops(b)
+        sch.reorder(i, *red, l)
+        sch.vectorize(l)
+        init = sch.decompose_reduction(b, red[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+    _spatial_nest(sch, sch.get_sblock("out"), vw, parallel=False)
+
+
+def _tiles_order(sch, io, no, rows: int, cols: int):
+    """A gemm's tile loops, outer first: the operand read again on each outer iteration is the
+    smaller one. M < N (a transformer's 128 tokens by 768..3072 columns): column blocks outer, each
+    weight strip read once (row tiles outer read BERT-base's 85 MB of int8 weights 16 times a call)."""
+    return (no, io) if rows < cols else (io, no)
+
+
 def dense(sch, vw, mb):
     blk = sch.get_sblock("dense")
     i, no, ni, rk = sch.get_loops(blk)
+    rows, cols = _extent(sch, i), _extent(sch, no) * _extent(sch, ni)
     io, ii = sch.split(i, [None, mb])
-    sch.reorder(io, no, rk, ii, ni)
-    par = sch.fuse(io, no)
+    a, b = _tiles_order(sch, io, no, rows, cols)
+    sch.reorder(a, b, rk, ii, ni)
+    par = sch.fuse(a, b)
     if _extent(sch, par) > 1:
         threads.parallel(sch, par)
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
@@ -413,20 +435,32 @@ def _pack_nest(sch, vw, par):
         _spatial_nest(sch, p, vw)
 
 
+def dense_amx(sch, vw):
+    """int8 gemm on AMX tiles: the extern call ("amx") is parallel by construction; the packing
+    stage "pad" and the epilogue "out" get parallel, vectorized nests."""
+    for name in ("pad", "out"):
+        blk = _block(sch, name)
+        if blk is not None:
+            _spatial_nest(sch, blk, vw)
+
+
 def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     """int8 gemm on a dot-product intrinsic: block "dense" has loops (i, no, ni, kb, kq); rows
     blocked by ``mb``, the (ni x kq) tile tensorized; the packing stage "pad", if any, apart.
     ``nb`` > 1 (arm sdot): ``nb`` registers of columns per tile as well, unrolled inside the rows."""
     blk = sch.get_sblock("dense")
     i, no, ni, kb, kq = sch.get_loops(blk)
+    rows, cols = _extent(sch, i), _extent(sch, no) * _extent(sch, ni)
     io, ii = sch.split(i, [None, mb])
     if nb > 1:
         no, noi = sch.split(no, [None, nb])
-        sch.reorder(io, no, kb, ii, noi, ni, kq)
+        a, b = _tiles_order(sch, io, no, rows, cols)
+        sch.reorder(a, b, kb, ii, noi, ni, kq)
         sch.unroll(noi)
     else:
-        sch.reorder(io, no, kb, ii, ni, kq)
-    par = sch.fuse(io, no)
+        a, b = _tiles_order(sch, io, no, rows, cols)
+        sch.reorder(a, b, kb, ii, ni, kq)
+    par = sch.fuse(a, b)
     if _extent(sch, par) > 1:
         threads.parallel(sch, par)
     if _block(sch, "pad") is not None:
@@ -558,5 +592,6 @@ def generic(sch, vw, **_):
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
          "dense": dense, "conv2d_dot": conv2d_dot,
-         "conv2d_winograd": conv2d_winograd, "dense_dot": dense_dot, "matmul": matmul,
+         "conv2d_winograd": conv2d_winograd, "dense_dot": dense_dot, "dense_amx": dense_amx, "matmul": matmul,
+         "row_stats": row_stats,
          "rowwise": rowwise, "se_mul": se_mul, "generic": generic}

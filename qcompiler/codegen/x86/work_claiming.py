@@ -58,6 +58,8 @@ from tvm import tirx
 
 ENABLED = os.environ.get("QC_WORK_CLAIMING", "1") != "0"
 SOURCE = Path(__file__).with_name("work_claiming.c")
+SOURCES = (SOURCE, Path(__file__).with_name("amx_gemm.c"))
+"""The C the artifact links in: these atomics and the AMX int8 GEMM (``amx_gemm.c``, empty off x86)."""
 MAX_CHUNKS = 64         # chunks of a loop: an atomic claim each (~10 ns), enough for balance
 LAUNCH, BARRIER = "pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish"
 _lock = threading.Lock()
@@ -221,8 +223,10 @@ def work_claiming(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def object_file(cc: str | None, workspace: Path) -> Path:
     """``work_claiming.c`` compiled for the artifact's linker ``cc`` (None: the host's) into ``workspace``."""
     out = workspace / "qc_work_claiming.o"
+    one = workspace / "qc_runtime_c.c"            # one translation unit: one object for the linker
+    one.write_text("".join(f'#include "{s}"\n' for s in SOURCES))
     # -x c: the cross linker is a g++, which would compile a .c file as C++ (mangled names)
-    subprocess.run([cc or os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-fPIC", "-c", str(SOURCE), "-o", str(out)],
+    subprocess.run([cc or os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-fPIC", "-c", str(one), "-o", str(out)],
                    check=True, capture_output=True)
     return out
 
@@ -235,7 +239,7 @@ def load_in_process() -> None:
     with _lock:
         if _loaded:
             return
-        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+        digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:16]
         cache = Path(os.environ.get("QCOMPILER_CACHE_DIR") or Path.home() / ".cache" / "qcompiler")
         lib = cache / f"work_claiming-{digest}.so"
         if not lib.exists():
@@ -243,7 +247,7 @@ def load_in_process() -> None:
             with tempfile.TemporaryDirectory(dir=cache) as d:
                 tmp = Path(d) / lib.name
                 subprocess.run([os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-shared", "-fPIC", "-DQC_API=",
-                                str(SOURCE), "-o", str(tmp)],
+                                *map(str, SOURCES), "-o", str(tmp)],
                                check=True, capture_output=True)
                 os.replace(tmp, lib)
         _loaded.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
