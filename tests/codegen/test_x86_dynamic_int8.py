@@ -167,3 +167,38 @@ def test_amx_tail_rows_and_columns_bit_exact(m, k, n, monkeypatch):
     np.testing.assert_array_equal(run_tvm(g, {"a": x}), [want])
     monkeypatch.setenv("QC_X86_AMX", "0")
     np.testing.assert_array_equal(run_tvm(g, {"a": x}), [want])
+
+
+@pytest.mark.parametrize("amx", [False, True], ids=["plain-fallback", "amx"])
+def test_amx_gemm_c_both_paths_exact(tmp_path, amx):
+    """``amx_gemm.c`` called directly: the tile kernel (where this CPU has AMX) and the plain loop it
+    falls back to (a compiler without AMX intrinsics, or tile state refused by the OS: built here
+    with -DQC_NO_AMX) give A·B exactly, in both loop orders, with a 16-row tail."""
+    import ctypes
+    import platform
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from qcompiler.codegen.kernels.qdot import amx_weights
+    if platform.machine() != "x86_64" or not shutil.which("gcc"):
+        pytest.skip("x86-64 with gcc only")
+    if amx and not _host_has_amx():
+        pytest.skip("this CPU has no AMX-INT8 tiles")
+    src = Path(__file__).resolve().parents[2] / "qcompiler" / "codegen" / "x86" / "amx_gemm.c"
+    lib = tmp_path / "amx.so"
+    subprocess.run(["gcc", "-x", "c", "-O2", "-shared", "-fPIC", "-DQC_API=", *([] if amx else ["-DQC_NO_AMX"]),
+                    str(src), "-o", str(lib)], check=True, capture_output=True)
+    fn = ctypes.CDLL(str(lib)).qc_amx_gemm_u8s8
+    fn.restype = ctypes.c_int32
+    rng = np.random.default_rng(5)
+    for m, k, n, rows_outer in [(48, 256, 64, 0), (80, 320, 32, 1), (16, 256, 96, 0)]:
+        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+        b = amx_weights(w, k, n)
+        c = np.zeros((m, n), np.int32)
+        outer = -(-m // 32) if rows_outer else n // 32
+        ptr = [x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c)]
+        rc = fn(*ptr, m, n, k, 0, outer, rows_outer)
+        assert rc == (0 if amx else 1)
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ w.T.astype(np.int64))

@@ -23,16 +23,39 @@
  * asked once, on the first call. Where it is refused (a kernel before 5.16, a hypervisor that hides
  * the state) the same integers come from a plain loop over the packed operands, and 1 is returned. */
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+
 #ifndef QC_API
 #define QC_API __attribute__((visibility("hidden")))
 #endif
 
+/* AMX intrinsics need GCC 11 or Clang 12; QC_NO_AMX (tests) builds the fallback alone */
+#if !defined(QC_NO_AMX) && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define QC_HAVE_AMX 1
+#include <immintrin.h>
+#endif
+
+static int32_t qc_gemm_u8s8_plain(const uint8_t *A, const int8_t *B, int32_t *C, int32_t M, int32_t N,
+                                  int32_t K, int32_t j0, int32_t j1, int32_t rows_outer) {
+  const long strip = (long)(K / 64) * 1024;
+  const long c0 = rows_outer ? 0 : 32L * j0, c1 = rows_outer ? N : 32L * j1;
+  const long r0 = rows_outer ? 32L * j0 : 0, r1 = rows_outer ? (32L * j1 < M ? 32L * j1 : M) : M;
+  for (long j = c0; j < c1; j++) {
+    const int8_t *b = B + (j / 16) * strip + (j % 16) * 4;
+    for (long i = r0; i < r1; i++) {
+      int32_t s = 0;
+      for (long k = 0; k < K; k++) s += (int32_t)A[i * K + k] * b[(k / 64) * 1024 + ((k % 64) / 4) * 64 + k % 4];
+      C[i * N + j] = s;
+    }
+  }
+  return 1;
+}
+
+#ifdef QC_HAVE_AMX
 #define QC_ARCH_REQ_XCOMP_PERM 0x1023
 #define QC_XFEATURE_XTILEDATA 18
 
@@ -65,22 +88,6 @@ __attribute__((target("amx-tile,amx-int8"))) static void qc_amx_config(void) {
 }
 
 /* tiles: 0-3 C (rows x 16 int32), 4-5 A (rows x 64 u8), 6-7 B (16 x 64 s8) */
-static int32_t qc_gemm_u8s8_plain(const uint8_t *A, const int8_t *B, int32_t *C, int32_t M, int32_t N,
-                                  int32_t K, int32_t j0, int32_t j1, int32_t rows_outer) {
-  const long strip = (long)(K / 64) * 1024;
-  const long c0 = rows_outer ? 0 : 32L * j0, c1 = rows_outer ? N : 32L * j1;
-  const long r0 = rows_outer ? 32L * j0 : 0, r1 = rows_outer ? (32L * j1 < M ? 32L * j1 : M) : M;
-  for (long j = c0; j < c1; j++) {
-    const int8_t *b = B + (j / 16) * strip + (j % 16) * 4;
-    for (long i = r0; i < r1; i++) {
-      int32_t s = 0;
-      for (long k = 0; k < K; k++) s += (int32_t)A[i * K + k] * b[(k / 64) * 1024 + ((k % 64) / 4) * 64 + k % 4];
-      C[i * N + j] = s;
-    }
-  }
-  return 1;
-}
-
 /* C[i..i+31, 32j..32j+31] (the last 16 rows alone where M - i == 16) */
 __attribute__((target("amx-tile,amx-int8"))) static inline void qc_amx_block(
     const uint8_t *A, const int8_t *B, int32_t *C, long M, long N, long K, long i, long j) {
@@ -135,4 +142,10 @@ __attribute__((target("amx-tile,amx-int8"))) QC_API int32_t qc_amx_gemm_u8s8(
   _tile_release();
   return 0;
 }
+#else
+QC_API int32_t qc_amx_gemm_u8s8(const uint8_t *A, const int8_t *B, int32_t *C, int32_t M, int32_t N, int32_t K,
+                                int32_t j0, int32_t j1, int32_t rows_outer) {
+  return qc_gemm_u8s8_plain(A, B, C, M, N, K, j0, j1, rows_outer);
+}
+#endif
 #endif
