@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 
 from ..codegen.target import Family, TargetSpec
 from ..errors import UserError
+from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..plan.mixed import BudgetOptions
 
 RANDOM = "random"
@@ -175,7 +176,7 @@ class CompileOptions:
         if spec.dtype != "int8" and cal.eval_path:
             raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval",
                             "add --dtype int8")
-        if cal.activations not in ("static", "dynamic") or cal.dynamic_granularity not in ("token", "tensor"):
+        if cal.activations not in ("static", "dynamic") or cal.dynamic_granularity not in DYNAMIC_GRANULARITIES:
             raise UserError(f"--activations {cal.activations} / --dynamic-granularity {cal.dynamic_granularity}",
                             "--activations", "give --activations static|dynamic, --dynamic-granularity token|tensor")
         if cal.dynamic:

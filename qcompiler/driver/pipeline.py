@@ -8,7 +8,9 @@ Order (each step only where the options ask for it):
 sensitivity, mixed-precision plan] → quantize → encode-sparse.
 
 A pre-quantized model (QDQ; ``graph.meta["prequantized"]``) built as int8 runs ``fold-qdq`` in
-place of quantize, with its own scales: no DFQ, no calibration, no budget.
+place of quantize, with its own scales: no DFQ, no calibration, no budget. ``--activations
+dynamic`` runs ``quantize-dynamic`` in its place: no DFQ, no calibration (but for ``--smooth-quant``),
+no budget (:meth:`CompileOptions.check` refused the options that need them).
 """
 from __future__ import annotations
 
@@ -86,75 +88,51 @@ def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOption
                            bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL))
 
 
-def _run_dynamic(graph, opts: CompileOptions, log, pipeline: list[str], prequantized: bool,
-                 calib: CalibSource | None) -> PassManager:
-    """``--activations dynamic``: the float passes, (smooth-quant, on ``calib``: the one use of
-    calibration data here), then quantize-dynamic in place of quantize (no ranges, no DFQ, no layer
-    selection: the options that need them were refused by :meth:`CompileOptions.check`), then the
-    sparse weight encoding."""
-    if prequantized:
-        raise UserError("--activations dynamic quantizes a float model, but this one arrives quantized (its own "
-                        "QuantizeLinear/DequantizeLinear or integer ops)", "--activations",
-                        "drop --activations dynamic: the model compiles with its own quantization")
-    c = opts.calib
-    pipeline = ["quantize-dynamic" if p == "quantize" else p for p in pipeline]
-    prune_opts = prune_options(opts.sparsity)
-    if prune_opts is not None and "prune" not in pipeline:
-        pipeline.insert(pipeline.index("quantize-dynamic"), "prune")
-    if "encode-sparse" not in pipeline:
-        pipeline.append("encode-sparse")
-    ctx = PassContext(log=log)
-    ctx.options["quantize-dynamic"] = QuantizeDynamicOptions(granularity=c.dynamic_granularity,
-                                                             per_channel=not c.per_tensor,
-                                                             keep_float=frozenset(opts.budget.keep_float))
-    if prune_opts is not None:
-        ctx.options["prune"] = prune_opts
-    ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective, target=opts.target.family)
-    if c.smooth_quant is not None:
-        if calib is None:
-            calib = CalibSource.open(c, graph.inputs)
-        if "smooth-quant" not in pipeline:
-            pipeline.insert(pipeline.index("quantize-dynamic"), "smooth-quant")
-        ctx.options["smooth-quant"] = SmoothQuantOptions(
-            alpha=None if c.smooth_quant == "auto" else c.smooth_quant, calib=calib.calibration(),
-            per_channel=not c.per_tensor, granularity=c.dynamic_granularity,
-            keep_float=frozenset(opts.budget.keep_float))
-    p = opts.pipeline
-    pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
-    pm.run(graph)
-    return pm
-
-
 def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None = None, evaluation=None,
                  board=None) -> PassManager:
     """Run the passes of ``opts`` on ``graph`` in place; returns the PassManager (timings, ctx).
     ``calib``: the opened calibration source (opened here when quantizing without one);
     ``evaluation``: the report's held-back data; ``board``: a connected RPC board for layer costs."""
     pipeline = parse_pipeline(pass_list(opts))
+    c = opts.calib
     prequantized = "quantize" in pipeline and bool(graph.meta.get("prequantized"))
-    if opts.calib.dynamic and "quantize" in pipeline:
-        return _run_dynamic(graph, opts, log, pipeline, prequantized, calib)
+    dynamic = "quantize" in pipeline and c.dynamic           # quantize-dynamic: no ranges, no DFQ, no selection
+    if prequantized and dynamic:
+        raise UserError("--activations dynamic quantizes a float model, but this one arrives quantized (its own "
+                        "QuantizeLinear/DequantizeLinear or integer ops)", "--activations",
+                        "drop --activations dynamic: the model compiles with its own quantization")
     if prequantized:
         _check_prequantized(opts)
         pipeline = ["fold-qdq" if p == "quantize" else p for p in pipeline]
+    if dynamic:
+        pipeline = ["quantize-dynamic" if p == "quantize" else p for p in pipeline]
+    stage = next((p for p in ("quantize", "quantize-dynamic") if p in pipeline), None)   # what quantizes
     prune_opts = prune_options(opts.sparsity)
     if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
-        pipeline.insert(pipeline.index("quantize") if "quantize" in pipeline else len(pipeline), "prune")
+        pipeline.insert(pipeline.index(stage) if stage else len(pipeline), "prune")
     quantizing = "quantize" in pipeline
-    if (quantizing or prequantized or prune_opts is not None) and "encode-sparse" not in pipeline:
+    if (stage or prequantized or prune_opts is not None) and "encode-sparse" not in pipeline:
         pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
-    c = opts.calib
     equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
     bias = (c.bias_correction or (BiasCorrection.EMPIRICAL if quantizing else BiasCorrection.NONE)).value
     pipeline, _ = dfq_recipe(pipeline, equalize=equalize, bias_correction=bias)
     ctx = PassContext(log=log)
+    if dynamic:
+        ctx.options["quantize-dynamic"] = QuantizeDynamicOptions(granularity=c.dynamic_granularity,
+                                                                 per_channel=not c.per_tensor,
+                                                                 keep_float=frozenset(opts.budget.keep_float))
     if c.smooth_quant is not None:
-        if not quantizing:
+        if stage is None:
             raise UserError("--smooth-quant prepares a model for int8 quantization", "--smooth-quant",
                             "add --dtype int8 (and --calib DATA)")
         if "smooth-quant" not in pipeline:         # after the float passes, before the layer choice and quantize
-            pipeline.insert(pipeline.index("quantize"), "smooth-quant")
-        ctx.options["smooth-quant"] = SmoothQuantOptions(alpha=None if c.smooth_quant == "auto" else c.smooth_quant)
+            pipeline.insert(pipeline.index(stage), "smooth-quant")
+        sq = SmoothQuantOptions(alpha=None if c.smooth_quant == "auto" else c.smooth_quant)
+        if dynamic:                 # the one use of calibration data in a dynamic build; no quantize options to share
+            calib = calib or CalibSource.open(c, graph.inputs)
+            sq = replace(sq, calib=calib.calibration(), per_channel=not c.per_tensor, granularity=c.dynamic_granularity,
+                         keep_float=frozenset(opts.budget.keep_float))
+        ctx.options["smooth-quant"] = sq
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,

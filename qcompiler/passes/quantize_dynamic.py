@@ -54,17 +54,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import UserError
 from ..ir.graph import Graph, Op
-from ..ir.ops import REGISTRY
 from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..ir.types import quantize
 from ..quant import qparams as qpm
 from ._common import pass_options
 from .manager import PassContext, register_pass
-from .quantize_plan import GEMMS, QUANT_KINDS, _decline, _kept_float, prepare
+from .quantize_plan import GEMMS, QUANT_KINDS, _decline, _kept_float, gemm_weight_bias, prepare
 
 
 @dataclass
@@ -92,24 +89,10 @@ def _why_float(op: Op, opts: QuantizeDynamicOptions) -> str | None:
     return None
 
 
-def _weight_bias(op: Op) -> tuple[np.ndarray, np.ndarray | None]:
-    """The GEMM's float weight as N x K (Gemm's alpha folded in) and its bias as N floats (beta folded)."""
-    a = {**REGISTRY[op.kind].defaults, **op.attrs}
-    w = op.operands[1].data.astype(np.float32)
-    if op.kind == "MatMul" or not a.get("transB", 0):
-        w = np.ascontiguousarray(w.T)
-    b = op.operands[2].data.astype(np.float32) if len(op.operands) >= 3 else None
-    if op.kind != "MatMul":
-        w = (w * np.float32(a["alpha"])).astype(np.float32)
-        if b is not None:
-            b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
-    return w, b
-
-
 def rewrite(graph: Graph, op: Op, opts: QuantizeDynamicOptions, params: dict) -> Op:
     """Replace the GEMM ``op`` by a DynamicQLinearGemm of its int8 weight; returns the new op.
     ``params``: the DynamicQuantParams made so far, by activation (GEMMs of one input share one)."""
-    w, b = _weight_bias(op)
+    w, b = gemm_weight_bias(op)
     wqp = qpm.per_channel_symmetric(w, 0) if opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
     x = op.operands[0]
     p = params.get(x)

@@ -193,6 +193,21 @@ def _decline(op: Op) -> str | None:
     return None
 
 
+def gemm_weight_bias(op: Op) -> tuple[np.ndarray, np.ndarray | None]:
+    """A Gemm/FusedGemm/MatMul's constant weight as float32 N x K (output channels first, Gemm's
+    alpha folded in) and its bias as N floats (beta folded in; None without one)."""
+    a = {**REGISTRY[op.kind].defaults, **op.attrs}
+    w = op.operands[1].data.astype(np.float32)
+    b = op.operands[2].data.astype(np.float32) if len(op.operands) >= 3 else None
+    if op.kind == "MatMul" or not a["transB"]:
+        w = np.ascontiguousarray(w.T)
+    if op.kind != "MatMul":
+        w = w * np.float32(a["alpha"])
+        if b is not None:
+            b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
+    return w, b
+
+
 def avgpool_decline(op: Op) -> str | None:
     """Why a (Global)AveragePool cannot be a QLinear pool with one constant window count (None: it can)."""
     a = {**REGISTRY[op.kind].defaults, **op.attrs}

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ir.graph import Graph, Op, Value
-from ..ir.ops import REGISTRY
 from ..ir.types import QuantParams, quantize
 from ..quant import qparams as qpm
 from ..quant.hardswish import epilogue_attrs as hardswish_attrs
@@ -21,7 +20,7 @@ from ..quant.qparams import f32_at_least
 from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
 from ._common import is_output
 from .bias_correct import empirical_error
-from .quantize_plan import CONVS, GEMMS, Plan, window_count
+from .quantize_plan import CONVS, GEMMS, Plan, gemm_weight_bias, window_count
 
 if TYPE_CHECKING:
     from .quantize import QuantizeOptions
@@ -149,20 +148,14 @@ class Rewriter:
     def linear(self, op: Op, info: dict) -> tuple[str, list[Value], dict]:
         """QLinearConv / QLinearGemm operands: quantized input, int8 weight, int32 bias."""
         x = self.qval(op.operands[0], op)
-        w = op.operands[1].data.astype(np.float32)
-        b = op.operands[2].data.astype(np.float32) if len(op.operands) >= 3 else None
         if op.kind in CONVS:
             kind = "QLinearConv"
             attrs = {k: op.attrs[k] for k in ("strides", "dilations", "pads", "group") if k in op.attrs}
+            w = op.operands[1].data.astype(np.float32)
+            b = op.operands[2].data.astype(np.float32) if len(op.operands) >= 3 else None
         else:
             kind, attrs = "QLinearGemm", {}
-            a = {**REGISTRY[op.kind].defaults, **op.attrs}
-            if op.kind == "MatMul" or not a["transB"]:
-                w = np.ascontiguousarray(w.T)                   # stored N x K
-            if op.kind != "MatMul":
-                w = w * np.float32(a["alpha"])
-                if b is not None:
-                    b = np.broadcast_to(b.reshape(-1) * np.float32(a["beta"]), (w.shape[0],)).astype(np.float32)
+            w, b = gemm_weight_bias(op)                        # stored N x K
         wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
         if op.name in self.means:
             eps = qpm.fake_quantize(w, wqp).astype(np.float64) - w.astype(np.float64)

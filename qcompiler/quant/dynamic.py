@@ -28,16 +28,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from .requant import float_clamp
-
-GRANULARITIES = ("token", "tensor")
 
 
 def row_params(a: np.ndarray, granularity: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(s, r, z)`` of the 2-D activation ``a``, each of shape (M, 1) for "token", (1, 1) for
     "tensor": the float32 scale, its float32 reciprocal and the zero point (float32, integral)."""
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if granularity not in DYNAMIC_GRANULARITIES:
+        raise ValueError(f"granularity must be one of {DYNAMIC_GRANULARITIES}, got {granularity!r}")
     a = np.asarray(a, np.float32)
     axis = 1 if granularity == "token" else None
     f0 = np.float32(0)
@@ -79,8 +78,3 @@ def dynamic_gemm(a: np.ndarray, p: np.ndarray, w: np.ndarray, s_w: Sequence[floa
 def quant_params(a: np.ndarray, granularity: str = "token") -> np.ndarray:
     """``DynamicQuantParams``: the rows ``[s, 1/s, z]`` (float32, M x 3 or 1 x 3) of :func:`row_params`."""
     return np.concatenate(row_params(a, granularity), axis=1)
-
-
-def max_k(w_max: int = 127) -> int:
-    """The largest K for which the int32 accumulator cannot overflow: K * 255 * w_max < 2^31."""
-    return (2 ** 31 - 1) // (255 * max(w_max, 1))

@@ -32,7 +32,7 @@ from ..ir.ops import REGISTRY
 from ..ir.types import INT_RANGES, dequantize, np_dtype, quantize
 from ..ir.windows import chunked_matmul, conv_sum, windows
 from . import hardswish
-from .dynamic import dynamic_gemm, row_params
+from .dynamic import dynamic_gemm, quant_params
 from .requant import activation_clamp, dequantized, requantize
 
 Kernel = Callable[[Op, list, dict], list]
@@ -210,7 +210,7 @@ def _samples(op, A: np.ndarray) -> list[np.ndarray]:
 
 @kernel("DynamicQuantParams")
 def _dynamic_quant_params(op, xs, a):
-    return [np.concatenate([np.concatenate(row_params(p, a["granularity"]), axis=1) for p in _samples(op, xs[0])])]
+    return [np.concatenate([quant_params(p, a["granularity"]) for p in _samples(op, xs[0])])]
 
 
 @kernel("DynamicQLinearGemm")

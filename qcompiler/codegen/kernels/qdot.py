@@ -331,14 +331,14 @@ def dense_amx(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
     from tvm.script.ir_builder import tirx as T
     m, kk = A.shape
     nn = w.shape[0]
-    kp, npad, mpad = kk, _up(nn, AMX_COLS), _up(m, 16)
+    npad, mpad = _up(nn, AMX_COLS), _up(m, 16)
     zeff = effective_zp(isa, A.dtype, za)
     if isinstance(A, Buf) and not A.block and A.dtype == "uint8" and mpad == m and A.phys_shape == (m, kk):
         Ap = A.tensor
     else:
         row = repeat_last(m, mpad)
         Ap = compute((mpad, kk), lambda i, j: _to_a(isa, A.at((row(i), j)), A.dtype), name="pad")
-    wp = ctx.param(amx_weights(w, kp, npad), "qw_amx")
+    wp = ctx.param(amx_weights(w, kk, npad), "qw_amx")
     rows_outer = int(m >= nn)              # re-read the smaller operand (schedules._tiles_order's rule)
     outer = -(-mpad // 32) if rows_outer else npad // AMX_COLS
     chunks = min(outer, 64)
@@ -353,7 +353,7 @@ def dense_amx(ctx, A, w: np.ndarray, za: int, isa: DotIsa):
                 j0 = q * per
                 j1 = tirx.min(j0 + per, outer)
                 T.evaluate(tirx.call_extern("int32", "qc_amx_gemm_u8s8", a.access_ptr("r"), b.access_ptr("r"),
-                                            c.access_ptr("w"), mpad, npad, kp, j0, j1, rows_outer))
+                                            c.access_ptr("w"), mpad, npad, kk, j0, j1, rows_outer))
         return ib.get()
 
     def whole(t, name):

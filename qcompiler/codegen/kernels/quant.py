@@ -33,14 +33,14 @@ from tvm import te, tirx
 from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType
 from ...ir.types import quantize as np_quantize
-from ...quant.requant import activation_clamp, float_clamp
+from ...quant.requant import activation_clamp
 from ..cuda import int8 as cuda_int8
 from ..x86 import qwinograd, se_mul
 from . import elementwise as kelem
 from . import qdot
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
-from .requant import (channel_vec, float_channel_vec, folded_bias, hardswish_fn, is_cpu, is_x86, requant_fn, requantized,
-                      round_half_even, wrapping_add)
+from .requant import (channel_vec, float_channel_vec, float_clamp_fn, folded_bias, hardswish_fn, is_cpu, is_x86,
+                      requant_fn, requantized, round_half_even, wrapping_add)
 from .tensor import (Buf, Lazy, LTensor, broadcast_index, cast, compute, const, divisor_at_most, linearize,
                      padded_extent, repeat_last)
 
@@ -204,20 +204,14 @@ def dynamic_qgemm(ctx, a, ins, outs):
         np.asarray(ctx.op.operands[2].type.quant.scale, np.float32), (n,))], "qsw")
     bias = ctx.const_data(3)
     bv = float_channel_vec(ctx, [float(v) for v in bias.astype(np.float32)], "qb") if bias is not None else None
-    lo, hi = float_clamp(a.get("activation", "") or "", a.get("activation_params") or [])
+    clamp = float_clamp_fn(a)
 
     def out(idx):
         i, j = idx
         zi = cast(p_at(i, 2), I32) + tirx.const(zeff, I32)
         acc = wrapping_add(acc_at(i, j), -(zi * colsum(j)))
         y = cast(acc, F32) * (p_at(i, 0) * sw(j))
-        if bv is not None:
-            y = y + bv(j)
-        if lo != -np.inf:
-            y = tirx.max(y, tirx.const(lo, F32))
-        if hi != np.inf:
-            y = tirx.min(y, tirx.const(hi, F32))
-        return y
+        return clamp(y + bv(j) if bv is not None else y)
     return [Lazy(outs[0].shape, F32, out)]
 
 

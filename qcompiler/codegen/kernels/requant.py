@@ -186,18 +186,24 @@ def requantized(ctx, a, out, w: np.ndarray, bias, z: int, acc_at) -> Lazy:
         ops = ctx.op.operands
         f = float_channel_vec(ctx, [float(v) for v in dequant_scales(ops[0].type.quant.scale[0],
                                                                      ops[1].type.quant.scale)], "qdeq")
-        lo, hi = float_clamp(a.get("activation", "") or "", a.get("activation_params") or [])
-
-        def deq(idx):
-            y = cast(wrapping_add(acc_at(idx), fb(idx[1])), F32) * f(idx[1])
-            if lo != -np.inf:
-                y = tirx.max(y, tirx.const(lo, F32))
-            if hi != np.inf:
-                y = tirx.min(y, tirx.const(hi, F32))
-            return y
-        return Lazy(out.shape, F32, deq)
+        clamp = float_clamp_fn(a)
+        return Lazy(out.shape, F32, lambda idx: clamp(cast(wrapping_add(acc_at(idx), fb(idx[1])), F32) * f(idx[1])))
     rq = requant_fn(ctx, a, out, k)
     return Lazy(out.shape, out.dtype, lambda idx: rq(wrapping_add(acc_at(idx), fb(idx[1])), idx[1]))
+
+
+def float_clamp_fn(a: dict):
+    """``y -> clamp(y)`` for a float32 epilogue's fused Relu/Clip (``a``'s activation attributes:
+    :func:`qcompiler.quant.requant.float_clamp`); the identity without one."""
+    lo, hi = float_clamp(a.get("activation", "") or "", a.get("activation_params") or [])
+
+    def clamp(y):
+        if lo != -np.inf:
+            y = tirx.max(y, tirx.const(lo, F32))
+        if hi != np.inf:
+            y = tirx.min(y, tirx.const(hi, F32))
+        return y
+    return clamp
 
 
 def folded_bias(w: np.ndarray, bias, z: int) -> np.ndarray:

@@ -51,18 +51,18 @@ def x86_isa(spec: TargetSpec) -> DotIsa | None:
 
 
 @lru_cache(maxsize=None)
-def _isa(cpu: str, mattr: tuple) -> DotIsa | None:
+def _has(cpu: str, mattr: tuple, feature: str) -> bool:
+    """Whether LLVM's CPU ``cpu`` (the host's if empty) with ``mattr`` has ``feature``."""
     import tvm
     from tvm.target import codegen
-    t = {"kind": "llvm"}
-    if cpu:
-        t["mcpu"] = cpu
-    if mattr:
-        t["mattr"] = list(mattr)
-    target = tvm.target.Target(t)
+    t = {"kind": "llvm", **({"mcpu": cpu} if cpu else {}), **({"mattr": list(mattr)} if mattr else {})}
+    return bool(codegen.llvm_cpu_has_features([feature], tvm.target.Target(t)))
 
+
+@lru_cache(maxsize=None)
+def _isa(cpu: str, mattr: tuple) -> DotIsa | None:
     def has(f):
-        return bool(codegen.llvm_cpu_has_features([f], target))
+        return _has(cpu, mattr, f)
     wide = has("avx512f") and has("avx512bw") and has("avx512vl")
     if wide and has("avx512vnni"):
         return DotIsa("vnni", 16)
@@ -81,16 +81,8 @@ def has_amx_int8(spec: TargetSpec) -> bool:
     if spec.family is not Family.X86 or os.environ.get("QC_X86_AMX", "1") == "0":
         return False
     host = spec.host_tvm
-    return _amx(host.get("mcpu", ""), tuple(host.get("mattr", ())))
-
-
-@lru_cache(maxsize=None)
-def _amx(cpu: str, mattr: tuple) -> bool:
-    import tvm
-    from tvm.target import codegen
-    t = {"kind": "llvm", **({"mcpu": cpu} if cpu else {}), **({"mattr": list(mattr)} if mattr else {})}
-    target = tvm.target.Target(t)
-    return all(bool(codegen.llvm_cpu_has_features([f], target)) for f in ("amx-tile", "amx-int8"))
+    cpu, mattr = host.get("mcpu", ""), tuple(host.get("mattr", ()))
+    return _has(cpu, mattr, "amx-tile") and _has(cpu, mattr, "amx-int8")
 
 
 # ---- the intrinsics --------------------------------------------------------------------------------

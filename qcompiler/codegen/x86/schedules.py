@@ -281,7 +281,7 @@ def row_stats(sch, vw):
     _spatial_nest(sch, sch.get_sblock("out"), vw, parallel=False)
 
 
-def _tiles_order(sch, io, no, rows: int, cols: int):
+def _tiles_order(io, no, rows: int, cols: int):
     """A gemm's tile loops, outer first: the operand read again on each outer iteration is the
     smaller one. M < N (a transformer's 128 tokens by 768..3072 columns): column blocks outer, each
     weight strip read once (row tiles outer read BERT-base's 85 MB of int8 weights 16 times a call)."""
@@ -293,7 +293,7 @@ def dense(sch, vw, mb):
     i, no, ni, rk = sch.get_loops(blk)
     rows, cols = _extent(sch, i), _extent(sch, no) * _extent(sch, ni)
     io, ii = sch.split(i, [None, mb])
-    a, b = _tiles_order(sch, io, no, rows, cols)
+    a, b = _tiles_order(io, no, rows, cols)
     sch.reorder(a, b, rk, ii, ni)
     par = sch.fuse(a, b)
     if _extent(sch, par) > 1:
@@ -452,14 +452,13 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
     i, no, ni, kb, kq = sch.get_loops(blk)
     rows, cols = _extent(sch, i), _extent(sch, no) * _extent(sch, ni)
     io, ii = sch.split(i, [None, mb])
+    noi = None
     if nb > 1:
         no, noi = sch.split(no, [None, nb])
-        a, b = _tiles_order(sch, io, no, rows, cols)
-        sch.reorder(a, b, kb, ii, noi, ni, kq)
+    a, b = _tiles_order(io, no, rows, cols)
+    sch.reorder(a, b, kb, ii, *([noi] if noi is not None else []), ni, kq)
+    if noi is not None:
         sch.unroll(noi)
-    else:
-        a, b = _tiles_order(sch, io, no, rows, cols)
-        sch.reorder(a, b, kb, ii, ni, kq)
     par = sch.fuse(a, b)
     if _extent(sch, par) > 1:
         threads.parallel(sch, par)
