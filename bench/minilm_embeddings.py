@@ -147,9 +147,7 @@ VARIANTS = {"int8": {}, "int8-sq": {"smooth_quant": "auto"}, "int8-sq0.5": {"smo
             "int8-dyn": {"activations": "dynamic"},
             "int8-dyn-tensor": {"activations": "dynamic", "dynamic_granularity": "tensor"},
             "int8-dyn-sq": {"activations": "dynamic", "smooth_quant": "auto"},
-            "int8-dyn-sq0.5": {"activations": "dynamic", "smooth_quant": 0.5},
-            "int8-addf": {"keep_float": ("op:Add",)},
-            "x-ffn2f": {"keep_float": ("op:Add", "op:Mul") + tuple(f"/m/encoder/layer.{i}/output/dense/MatMul" for i in range(6))}, "int8-sq-addf": {"smooth_quant": "auto", "keep_float": ("op:Add",)}}
+            "int8-dyn-sq0.5": {"activations": "dynamic", "smooth_quant": 0.5}}
 
 
 def main(argv=None) -> int:

@@ -156,11 +156,12 @@ def _minilm(input_names):
     return _wrap(torch, model, lambda m, *a: m(**dict(zip(names, a))).last_hidden_state), ["last_hidden_state"]
 
 
-def export(source: str, inputs: dict, dest: Path) -> Path:
+def export(source: str, inputs: dict, dest: Path, dynamic: str | None = None) -> Path:
     """Export the zoo model ``source`` (``torchvision:NAME``, ``timm:NAME``, ``transformers:KIND``,
     ``minilm``) with example inputs of the static shapes ``inputs`` ({name: (dtype, shape)}) to
     ``dest`` (written to a temporary file first, then renamed: concurrent exporters never read a
-    half-written file)."""
+    half-written file). ``dynamic``: a dim name; axis 1 of every int64 (token) input and of every
+    output is exported dynamic under that name (TorchScript's ``dynamic_axes``)."""
     torch = _torch()
     kind, _, name = source.partition(":")
     shape0 = next(iter(inputs.values()))[1]
@@ -184,7 +185,12 @@ def export(source: str, inputs: dict, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     with torch.no_grad():
+        axes = None
+        if dynamic:
+            axes = {k: {1: dynamic} for k, (dtype, _) in inputs.items() if dtype == "int64"}
+            axes.update({o: {1: dynamic} for o in outs})
         torch.onnx.export(model, tuple(args), str(tmp), dynamo=False, opset_version=OPSET,
-                          input_names=list(inputs), output_names=outs, do_constant_folding=True)
+                          input_names=list(inputs), output_names=outs, do_constant_folding=True,
+                          dynamic_axes=axes)
     os.replace(tmp, dest)
     return dest

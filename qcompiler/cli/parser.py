@@ -15,6 +15,7 @@ COMPILE_EXAMPLES = """examples:
   qcompile model.onnx --target arm --cpu cortex-a76 --dtype int8 --calib calib.npz -o out
   qcompile model.onnx --target cuda --arch sm_90 --dtype fp16 -o out
   qcompile model.onnx --input-shape x=1x3x224x224 --input-value sr=16000 -o out
+  qcompile encoder.onnx --dynamic sequence=1..512 -o out              # one artifact, any length 1..512
 """
 
 
@@ -32,6 +33,10 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                         "alone defaults to 1)")
     g.add_argument("--input-value", action="append", default=[], metavar="NAME=V[,V...]",
                    help="bind an input to a constant that folds into the model, e.g. sr=16000 (repeatable)")
+    g.add_argument("--dynamic", action="append", default=[], metavar="DIM=LO..HI[:B,B,...]",
+                   help="one artifact for every size of a dynamic dim (a dim the model names, or a symbol of "
+                        "--input-shape such as input_ids=1xS): compiled per bucket size (default: powers of two "
+                        "from 16, and HI), inputs zero-padded to the bucket at run time (repeatable)")
 
 
 def _pass_args(p: argparse.ArgumentParser) -> None:

@@ -23,12 +23,14 @@ import os
 import secrets
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from ..errors import UserError
 from ..progress import report
-from ..runtime.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps, sha256_file
+from ..runtime.manifest import (DYNAMIC_FORMAT_VERSION, FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, dumps,
+                                sha256_file)
 from ..version import __version__
 from .target import Family, TargetSpec
 
@@ -37,16 +39,42 @@ BuildFn = Callable[[Any, TargetSpec], Any]      # (graph, spec) -> tvm.runtime.E
 ExtraFile = Union[bytes, Callable[[dict], bytes]]   # contents, or manifest -> contents
 
 
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """What an artifact with dynamic input dims (``--dynamic``) holds: one function per bucket,
+    each the model compiled at the bucket's sizes (see :mod:`qcompiler.runtime.shapes`)."""
+    dims: dict[str, tuple[int, int]]                  # dim name -> (lo, hi)
+    builds: list[tuple[dict[str, int], Any]]          # (bucket sizes, graph compiled at them), smallest first
+    inputs: list[TensorSpec]                          # shapes with dim names where dynamic
+    outputs: list[TensorSpec]
+
+    @staticmethod
+    def function(sizes: dict[str, int]) -> str:
+        return "main_" + "_".join("".join(c if c.isalnum() else "_" for c in k) + str(v) for k, v in sizes.items())
+
+    def build(self, graph, spec: TargetSpec):
+        from .lower import lower_shapes, tvm_compile
+        mod = lower_shapes([(self.function(sizes), g) for sizes, g in self.builds], spec)
+        report("tvm.compile")
+        return tvm_compile(mod, spec)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"dims": {k: list(v) for k, v in self.dims.items()},
+                "buckets": [{"sizes": dict(sizes), "function": self.function(sizes)} for sizes, _ in self.builds]}
+
+
 def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: BuildFn | None = None,
                    command: Sequence[str] | None = None,
-                   extra_files: dict[str, ExtraFile] | None = None) -> Path:
+                   extra_files: dict[str, ExtraFile] | None = None, buckets: ShapeBuckets | None = None) -> Path:
     """Compile ``graph`` for ``spec`` and write the artifact folder ``out_dir``; returns its path.
 
     ``build`` replaces :func:`qcompiler.codegen.lower.build_module` (tests, custom pipelines).
     ``command`` (e.g. ``sys.argv``) is recorded in the manifest as ``created_by``.
     ``extra_files``: more files for the folder (e.g. ``report.json``), written before the folder
     is renamed into place, each as bytes or as ``fn(manifest) -> bytes`` (called once the library
-    exists, e.g. to report its size); the manifest lists them under ``files`` (sha256, bytes)."""
+    exists, e.g. to report its size); the manifest lists them under ``files`` (sha256, bytes).
+    ``buckets``: build one function per bucket instead of ``graph``'s ``main`` (``graph`` is then
+    the largest bucket's, for the report); the manifest (format 2) records them."""
     out = Path(out_dir).absolute()
     check_destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -54,13 +82,16 @@ def write_artifact(graph, spec: TargetSpec, out_dir: str | Path, *, build: Build
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        ex, cuda_info = _compile(graph, spec, build)
+        ex, cuda_info = _compile(graph, spec, buckets.build if buckets is not None else build)
         lib = tmp / LIBRARY
         report("link")
         export_library(ex, lib, spec, workspace=tmp / "work")
         if spec.family is Family.CUDA:
             _check_device_code(lib, cuda_info)
         manifest = make_manifest(graph, spec, lib, cuda_info, command)
+        if buckets is not None:
+            manifest.update(format_version=DYNAMIC_FORMAT_VERSION, dynamic=buckets.manifest(),
+                            inputs=[t.to_json() for t in buckets.inputs], outputs=[t.to_json() for t in buckets.outputs])
         if graph.meta.get("debug_outputs"):
             manifest["debug"] = write_debug_ir(graph, tmp)
         if extra_files:

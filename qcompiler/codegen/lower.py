@@ -80,34 +80,10 @@ in float32, each kernel casting on load and store; model inputs and outputs stay
 An int8 build with ``spec.float_dtype == "fp16"`` (``--float-dtype fp16``) stores its float
 layers' activations and weights the same way (DequantizeLinear writes fp16, QuantizeLinear reads
 it) and leaves the integer kernels as they are (tests/quant/test_mixed_precision.py).
-Measured (x86, after the default passes, vs ONNX Runtime fp32, max error / max|ref|): fashion_mobilenet
-4-8e-4, mnistnet 2-3e-4, uspsnet/svhnnet 3-4e-4 (same top-1 on real digits/Fashion-MNIST),
-rapidocr-cls 8e-5, rapidocr-rec 2.0e-2, rapidocr-det 6.6e-2 (320x320 synthetic page): the last two
-miss the 1e-2 target (tests/codegen/test_fp16_models.py, xfail). Rules measured for them and NOT
-adopted: weights fp32 (activations fp16): det 2.9e-2, rec 1.2e-2; activations fp32 (weights fp16):
-det 6.9e-2, rec 1.8e-2 (so the detector is sensitive to fp16 weight rounding, ~4e-4 relative, as
-much as to activation storage; no weight underflows); last 10/20/50% of ops in fp32: det 6.2-6.4e-2,
-rec 1.9e-2; first 20% / 50% of ops in fp32: det 5.7e-2 / 1.6e-2, rec 1.3e-2 / 1.5e-3; fp32 for
-weight-gain ops (max per-output L1 norm of the weights > 32 or 64) and their inputs: det 6.4-8.1e-2,
-rec 1.3-1.4e-2. The detector's output is a sigmoid probability map whose max error sits on a few
-pixels near the decision edge. The bound is the models' own: the *original* ONNX models with
-only their weights rounded to fp16, run in ONNX Runtime with float32 activations and arithmetic,
-give det 2.5e-2 and rec 1.7e-2 (test_fp16_models.py, ``weights_alone``), so no artifact that
-stores weights in fp16 can be within 1e-2 on them. Keeping the sensitive layers in fp32 (greedy on
-single-layer fp16 damage, simulated in ONNX Runtime) needs 62 of 226 ops in fp32 for rec at 5e-3
-on two selection images and still gives 1.1e-2 on another; det stays at 1.5e-2 with 80 of 177.
-
-bf16 (``spec.dtype == "bf16"``, CUDA only): the same rule with bfloat16 storage (8-bit significand,
-float32's exponent range, so no weight is kept fp32 for range). Weight constants are rounded to
-nearest-even by ml_dtypes' ``bfloat16`` numpy type, which ``relax.const`` takes as is; the CUDA
-kernels store ``nv_bfloat16`` and convert to float on load. Measured on the CUDA lowering compiled
-for the host CPU (LLVM's BF16ComputeLegalize/BF16StorageLegalize: uint16 storage, float32 arithmetic,
-nearest-even stores), max error / max|ref| vs ONNX Runtime fp32 (tests/codegen/test_bf16_cuda.py):
-fashion_mobilenet 1.2e-2 worst / 4.9e-3 median over 32 Fashion-MNIST images (same top-1 on all),
-mnistnet 3.0e-3, rapidocr-cls 3.6e-3; rapidocr-rec 1.0e-1 (argmax equal on 38/40 timesteps) and
-rapidocr-det 4.8e-1 (183 of 102,400 pixels flip at 0.3), ~8x the fp16 errors on the same path
-(1.75e-2 / 6.6e-2), as bf16's 2^-9 rounding is 8x fp16's. The sm_90 artifacts run on an H100 gave
-the same figures to three digits (rec 9.1e-2, det 5.2e-1: another float32 summation order).
+Measured errors of the fp16 and bf16 builds, and the rules tried and not adopted: docs/targets.md
+"Float precision, measured". bf16 (``spec.dtype == "bf16"``, CUDA only) is the fp16 rule with bfloat16
+storage (float32's exponent range: no weight kept fp32 for range); weight constants are rounded to
+nearest-even by ml_dtypes' ``bfloat16``, which ``relax.const`` takes as is.
 """
 from __future__ import annotations
 
@@ -255,6 +231,12 @@ class Lowering:
         # views around them) and returns (the stored value, the call_tir)
         self.calls: list[tuple[Value, relax.Var, relax.Call, Callable]] = []
         self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
+
+    def share_kernels(self, other: "Lowering") -> "Lowering":
+        """Build into ``other``'s module (the same model at another input shape): kernel names, the
+        identical-kernel cache and the shared sparse kernels carry over."""
+        self.kernels, self.cache, self.shared, self.sources = other.kernels, other.cache, other.shared, other.sources
+        return self
 
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
@@ -425,15 +407,17 @@ class Lowering:
         return 0
 
     # -- the whole graph ------------------------------------------------------------------------------
-    def run(self) -> tvm.IRModule:
+    def run(self, bb: relax.BlockBuilder | None = None, name: str = "main") -> tvm.IRModule:
+        """Add the graph's function ``name`` (and the debug functions) to ``bb``'s module (a new one
+        by default) and return the module."""
         graph = self.graph
         order = {op: i for i, op in enumerate(graph.ops)}
         groups = plan(graph)
-        bb = relax.BlockBuilder()
+        bb = bb or relax.BlockBuilder()
         params = [relax.Var(_hint(v.name), relax.TensorType(v.shape, v.dtype)) for v in graph.inputs]
         for v, p in zip(graph.inputs, params):
             self.stored[v] = Stored(p, v.shape or (1,), v.dtype) if v.shape else Stored(p, (), v.dtype)
-        with bb.function("main", params):
+        with bb.function(name, params):
             with bb.dataflow():
                 for i, g in enumerate(groups):
                     self.emit_group(bb, g, order)
@@ -541,6 +525,21 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)
+    return mod
+
+
+def lower_shapes(named: list[tuple[str, Graph]], spec: TargetSpec) -> tvm.IRModule:
+    """One module with a function per (name, graph): the same model imported at several input
+    shapes (``--dynamic``'s buckets). Identical kernels are added once, and the VM's constant pool
+    stores weights packed alike for two shapes once."""
+    bb, first = relax.BlockBuilder(), None
+    for name, graph in named:
+        low = Lowering(_dequantized_weights(graph), spec)
+        if first is None:
+            first = low
+        else:
+            low.share_kernels(first)
+        mod = low.run(bb, name)
     return mod
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -65,6 +65,10 @@ def load_model(src: ModelSource) -> Graph:
     """Import ``src.path`` (plugins loaded first: they may register ops' passes)."""
     from ..frontend.onnx_import import import_onnx
     check_model_path(src.path)
+    named = next((d for s in src.input_shapes.values() for d in s if isinstance(d, str)), None)
+    if named is not None:
+        raise UserError(f"--input-shape names the dim '{named}': only a compile with --dynamic {named}=LO..HI keeps a "
+                        "dim dynamic", "--input-shape", f"give a size for {named}, or add --dynamic {named}=LO..HI")
     for plugin in src.plugins:
         from ..passes import load_plugin
         load_plugin(plugin)
@@ -116,6 +120,8 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
     if isinstance(model, (str, os.PathLike)):
         model = ModelSource(os.fspath(model))
     _check_before_work(model, output, opts)
+    if isinstance(model, ModelSource) and model.dynamic:
+        return _compile_buckets(model, output, opts, log)
     spec = opts.target
     tune_opts = None
     if opts.tune is not None:
@@ -153,4 +159,40 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
     from ..codegen.tune import build_fn as tuned_build
     out = write_artifact(g, spec, output, extra_files=files.extra,
                          build=tuned_build(tune_opts, log) if tune_opts else None)
+    return Artifact(Path(out), g, files.final(), time.perf_counter() - t0)
+
+
+def _compile_buckets(model: ModelSource, output: str, opts: CompileOptions, log: Log) -> Artifact:
+    """``--dynamic``: the padding check on ONNX Runtime, then the model imported and passed once
+    per bucket, one artifact with a function per bucket (:mod:`.shapes`). The report is the
+    largest bucket's."""
+    from ..codegen.artifact import ShapeBuckets, write_artifact
+    from ..frontend.onnx_control import bind_inputs
+    from ..frontend.onnx_load import load_model as load_onnx
+    from ..frontend.onnx_qdq import is_prequantized
+    from ..runtime.manifest import TensorSpec
+    from . import shapes
+    opts.check_dynamic_shapes(prequantized=is_prequantized(model.path))
+    t0 = time.perf_counter()
+    proto, where = load_onnx(model.path)
+    given = {k: v for k, v in model.input_shapes.items() if not any(isinstance(d, str) for d in v)}
+    sym = shapes.symbolic_shapes(proto, model.input_shapes, model.dynamic, where)
+    combos = shapes.assignments(model.dynamic)
+    out_shapes = shapes.check_padding(bind_inputs(proto, dict(model.input_values) or None, given, where), sym,
+                                      model.dynamic, where, fixed=given)
+    log(f"dynamic {', '.join(map(str, model.dynamic))}: padding leaves the outputs unchanged (ONNX Runtime); "
+        f"{len(combos)} bucket(s)")
+    builds = []
+    for i, sizes in enumerate(combos):
+        log(f"bucket {i + 1}/{len(combos)}: {', '.join(f'{k}={v}' for k, v in sizes.items())}")
+        g = load_model(replace(model, input_shapes={**given, **shapes.concrete(sym, sizes)}, dynamic=()))
+        ops_before, params_before = g.op_histogram(), g.param_count()
+        pm = run_pipeline(g, opts, log)
+        builds.append((sizes, g))
+    inputs = [TensorSpec(v.name, sym.get(v.name, tuple(v.shape)), v.dtype) for v in g.inputs]
+    outputs = [TensorSpec(v.name, s, v.dtype) for v, s in zip(g.outputs, out_shapes)]
+    buckets = ShapeBuckets({d.name: (d.lo, d.hi) for d in model.dynamic}, builds, inputs, outputs)
+    files = ReportFiles.of(g, pm, opts, name=os.path.basename(model.path), ops_before=ops_before,
+                           params_before=params_before, evaluation=None, given=None, output=output)
+    out = write_artifact(g, opts.target, output, extra_files=files.extra, buckets=buckets)
     return Artifact(Path(out), g, files.final(), time.perf_counter() - t0)

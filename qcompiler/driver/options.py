@@ -17,6 +17,7 @@ from ..codegen.target import Family, TargetSpec
 from ..errors import UserError
 from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..plan.mixed import BudgetOptions
+from .shapes import DynamicDim
 
 RANDOM = "random"
 """``CalibOptions.source`` for calibration on seeded random normal data (not representative; warns)."""
@@ -35,11 +36,14 @@ class BiasCorrection(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How the ONNX file is read: static shapes and constant values for its inputs, plugin passes."""
+    """How the ONNX file is read: shapes and constant values for its inputs, plugin passes, and
+    the dims that stay dynamic (one artifact for a range of sizes: :mod:`.shapes`); a shape may
+    name a dynamic dim instead of a size (``input_ids=(1, "S")``)."""
     path: str
-    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    input_shapes: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
     input_values: Mapping[str, Any] = field(default_factory=dict)
     plugins: tuple[str, ...] = ()
+    dynamic: tuple[DynamicDim, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,24 @@ class CompileOptions:
             raise UserError(f"{given[0]} works on calibrated (static) activation ranges; --activations dynamic "
                             "computes them at run time", given[0],
                             f"drop {given[0]}, or use --activations static --calib DATA")
+
+    def check_dynamic_shapes(self, prequantized: bool) -> None:
+        """``--dynamic``: no option whose result depends on one input shape (calibrated ranges, a
+        per-tensor run-time scale, which would see the padding; tuning, budgets, debug functions)."""
+        spec, cal = self.target, self.calib
+        if self.quantizing and not cal.dynamic and not prequantized:
+            raise UserError("static int8 ranges are calibrated at one input shape; --dynamic builds each bucket "
+                            "alike", "--dynamic", "use --activations dynamic (no calibration), or drop --dynamic")
+        given = [flag for flag, on in (("--dynamic-granularity tensor", cal.dynamic and cal.dynamic_granularity == "tensor"),
+                                       ("--smooth-quant", cal.smooth_quant is not None), ("--requantize", cal.requantize),
+                                       ("--export-qdq", bool(self.export_qdq)), ("--debug-layers", spec.debug_layers),
+                                       ("--tune", self.tune is not None), ("--rpc-tracker", self.remote is not None),
+                                       ("--min-sqnr/--max-accuracy-drop", self.budget.budget is not None))
+                 if on]
+        if given:
+            raise UserError(f"{given[0]} is not available with --dynamic: it depends on one input shape (a per-tensor "
+                            "run-time scale would also see the padding)", given[0],
+                            f"drop {given[0]}, or compile one shape (--input-shape without --dynamic)")
 
     def check(self) -> None:
         """Reject contradicting options before any work (one UserError, naming the flag)."""

@@ -4,6 +4,9 @@
     model = load("OUT")                 # checks format version, sha256, machine, device
     (logits,) = model(x)                # or model(input_name=x); inputs checked against the manifest
 
+An artifact with dynamic input dims (``--dynamic``) takes any size in its range: the call pads to
+the bucket compiled for it and slices the outputs back (:mod:`.shapes`).
+
 Nothing here imports the compiler (``tvm.relax``, ``qcompiler.codegen``): with
 ``TVM_USE_RUNTIME_LIB=1`` in the environment, ``import tvm`` loads only ``libtvm_runtime.so`` and
 ``libtvm_ffi.so``, which is all a deployment machine needs. For CUDA artifacts
@@ -19,6 +22,7 @@ import numpy as np
 from ..errors import UserError
 from .batches import load_inputs, run_batches, save_outputs
 from .manifest import FORMAT_VERSION, LIBRARY, MANIFEST, TensorSpec, read_manifest
+from .shapes import shape_matches
 
 __all__ = ["load", "CompiledModel", "run_batches", "load_inputs", "save_outputs", "read_manifest",
            "TensorSpec", "FORMAT_VERSION", "MANIFEST", "LIBRARY"]
@@ -33,7 +37,9 @@ class CompiledModel:
         self.manifest = manifest
         self.device = device
         self._vm = vm
-        self._main = vm["main"]
+        self.buckets = manifest.get("dynamic")           # a runtime.shapes.Buckets, or None
+        self._fns = {} if self.buckets is not None else {"main": vm["main"]}
+        self._main = self._fns.get("main")              # a static artifact's function (the benchmarks time it)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -50,7 +56,8 @@ class CompiledModel:
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
-        return f"CompiledModel({str(self.out_dir)!r}, {self.family} on {self.device}: ({ins}) -> ({outs}))"
+        dyn = f", {self.buckets}" if self.buckets is not None else ""
+        return f"CompiledModel({str(self.out_dir)!r}, {self.family} on {self.device}: ({ins}) -> ({outs}){dyn})"
 
     def bind(self, *arrays, **named) -> list[np.ndarray]:
         """Match positional and named arguments to the manifest's inputs and check them."""
@@ -73,12 +80,29 @@ class CompiledModel:
                             f"inputs are: {', '.join(map(str, specs))}")
         return [check_input(s, values[s.name], where) for s in specs]
 
+    def plan(self, arrays: list[np.ndarray]) -> tuple[str, list[np.ndarray], dict[str, int] | None]:
+        """For bound ``arrays``: the VM function to call, its inputs and the dynamic dims' sizes
+        (None for a static artifact). With dynamic dims (``--dynamic``): the function of the
+        smallest bucket that holds the sizes, on the inputs zero-padded to it."""
+        b = self.buckets
+        if b is None:
+            return "main", arrays, None
+        sizes = b.sizes(self.inputs, arrays, str(self.out_dir))
+        bucket, name = b.pick(sizes)
+        return name, [b.pad(s.shape, a, bucket) for s, a in zip(self.inputs, arrays)], sizes
+
+    def unpad(self, outs: list[np.ndarray], sizes: dict[str, int] | None) -> list[np.ndarray]:
+        """The outputs of a :meth:`plan`'s call with the padded positions sliced off."""
+        if sizes is None:
+            return outs
+        return [self.buckets.unpad(s.shape, o, sizes) for s, o in zip(self.outputs, outs)]
+
     def __call__(self, *arrays, **named) -> list[np.ndarray]:
         import tvm
-        args = [tvm.runtime.tensor(a, self.device) for a in self.bind(*arrays, **named)]
-        result = self._main(*args)
-        outs = [result] if hasattr(result, "numpy") else list(result)
-        return [o.numpy() for o in outs]
+        name, arrays, sizes = self.plan(self.bind(*arrays, **named))
+        fn = self._fns.get(name) or self._fns.setdefault(name, self._vm[name])
+        result = fn(*[tvm.runtime.tensor(a, self.device) for a in arrays])
+        return self.unpad([o.numpy() for o in ([result] if hasattr(result, "numpy") else list(result))], sizes)
 
 
 def check_input(spec: TensorSpec, a: Any, where: str) -> np.ndarray:
@@ -86,10 +110,10 @@ def check_input(spec: TensorSpec, a: Any, where: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise UserError(f"input '{spec.name}' must be a numpy array, got {type(a).__name__}", where,
                         f"pass np.asarray(value, dtype=np.{spec.dtype}) of shape {list(spec.shape)}")
-    if tuple(a.shape) != spec.shape:
+    if not shape_matches(a.shape, spec.shape):
         raise UserError(f"input '{spec.name}' has shape {list(a.shape)}, but the model was compiled "
                         f"for {list(spec.shape)}", where,
-                        "reshape the input, or compile the model again for this shape")
+                        "reshape the input, or compile the model again for this shape (or with --dynamic)")
     if a.dtype != np.dtype(spec.dtype):
         raise UserError(f"input '{spec.name}' has dtype {a.dtype}, but the model takes {spec.dtype}", where,
                         f"convert it first, e.g. x.astype(np.{spec.dtype})")

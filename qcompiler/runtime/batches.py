@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import UserError
 from .manifest import TensorSpec
+from .shapes import shape_matches
 
 if TYPE_CHECKING:
     from . import CompiledModel
@@ -70,12 +71,15 @@ def name_inputs(arrays: Mapping[str, np.ndarray], inputs: list[TensorSpec], wher
 
 
 def batch_plan(spec: TensorSpec, a: np.ndarray, where: str) -> tuple[str, int]:
-    """('slice', runs) or ('sample', runs) for one input array."""
+    """('slice', runs) or ('sample', runs) for one input array. A dynamic dim (an artifact built
+    with ``--dynamic``) matches any size; a dynamic batch takes the whole array in one run."""
     shape, want = tuple(a.shape), spec.shape
-    if len(shape) == len(want) and len(want) > 0 and shape[1:] == want[1:] and want[0] > 0 \
-            and shape[0] % want[0] == 0 and shape[0] > 0:
+    if len(want) > 0 and shape_matches(shape, want) and shape[0] > 0 and isinstance(want[0], str):
+        return "slice", 1
+    if len(want) > 0 and len(shape) == len(want) and shape_matches(shape[1:], want[1:]) \
+            and isinstance(want[0], int) and want[0] > 0 and shape[0] % want[0] == 0 and shape[0] > 0:
         return "slice", shape[0] // want[0]
-    if len(shape) == len(want) + 1 and shape[1:] == want and shape[0] > 0:
+    if len(shape) == len(want) + 1 and shape_matches(shape[1:], want) and shape[0] > 0:
         return "sample", shape[0]
     raise UserError(f"input '{spec.name}' data has shape {list(shape)}, which does not split into "
                     f"runs of the compiled shape {list(want)}", where,
@@ -109,7 +113,8 @@ def run_batches(model: "CompiledModel", data: str | Path | np.ndarray | Mapping[
         for s in model.inputs:
             mode, _ = plans[s.name]
             a = arrays[s.name]
-            feed[s.name] = a[i] if mode == "sample" else a[i * s.shape[0]:(i + 1) * s.shape[0]]
+            step = a.shape[0] if runs == 1 else s.shape[0]
+            feed[s.name] = a[i] if mode == "sample" else a[i * step:(i + 1) * step]
         per_run.append(model(**feed))
         if progress:
             progress(i + 1, runs)

@@ -15,6 +15,13 @@ gives a byte-identical file::
       "created_by": ["qcompile", "compile", "..."]      (optional)
     }
 
+An artifact compiled with dynamic input dims (``--dynamic``) is format_version 2: its inputs'
+and outputs' shapes name those dims (``[1, "S"]``) and a ``dynamic`` entry lists their ranges and
+the function compiled for each bucket (see :mod:`.shapes`)::
+
+      "dynamic": {"dims": {"S": [1, 512]},
+                  "buckets": [{"sizes": {"S": 16}, "function": "main_S16"}, ...]}
+
 This module imports neither TVM nor the compiler: the runtime and deploy tools read it.
 """
 from __future__ import annotations
@@ -29,15 +36,17 @@ from typing import Any
 from ..errors import UserError
 
 FORMAT_VERSION = 1
+DYNAMIC_FORMAT_VERSION = 2          # dynamic input dims: shapes name dims, a "dynamic" entry
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, static shape and numpy dtype name of one model input or output."""
+    """Name, shape and numpy dtype name of one model input or output; a dynamic dim (format 2)
+    is its name instead of a size."""
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str
 
     def to_json(self) -> dict[str, Any]:
@@ -45,7 +54,8 @@ class TensorSpec:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "TensorSpec":
-        return TensorSpec(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]))
+        return TensorSpec(str(d["name"]), tuple(s if isinstance(s, str) else int(s) for s in d["shape"]),
+                          str(d["dtype"]))
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
@@ -84,9 +94,9 @@ def read_manifest(out_dir: str | Path, *, verify_hash: bool = True) -> dict[str,
         raise UserError(f"unreadable {MANIFEST}: {e}", where,
                         "the artifact is corrupted or modified; compile it again") from None
     version = m.get("format_version") if isinstance(m, dict) else None
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, DYNAMIC_FORMAT_VERSION):
         raise UserError(f"artifact format version {version!r} is not supported (this qcompiler reads "
-                        f"version {FORMAT_VERSION})", str(path),
+                        f"versions {FORMAT_VERSION} and {DYNAMIC_FORMAT_VERSION})", str(path),
                         "compile the model again with this qcompiler version")
     try:
         lib = out / m["library"]["file"]
@@ -94,6 +104,9 @@ def read_manifest(out_dir: str | Path, *, verify_hash: bool = True) -> dict[str,
         for key in ("inputs", "outputs"):
             m[key] = [TensorSpec.from_json(d) for d in m[key]]
         m["target"]["family"]
+        if version == DYNAMIC_FORMAT_VERSION:
+            from .shapes import Buckets
+            m["dynamic"] = Buckets.from_json(m["dynamic"])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"malformed {MANIFEST} (missing or bad field {e})", str(path),
                         "the artifact is corrupted or modified; compile it again") from None

@@ -163,17 +163,21 @@ class RemoteModel(CompiledModel):
     def __repr__(self) -> str:
         return super().__repr__().replace(f" on {self.device}:", f" on {self.device} of {self.board}:")
 
-    def _set(self, arrays: list[np.ndarray]) -> None:
+    def _set(self, arrays: list[np.ndarray]) -> tuple[str, dict[str, int] | None]:
+        """Set the inputs of the function that runs ``arrays`` (a dynamic artifact's bucket);
+        returns its name and the dynamic dims' sizes."""
         import tvm
-        self._vm.set_input("main", *[tvm.runtime.tensor(a, self.device) for a in arrays])
+        name, arrays, sizes = self.plan(arrays)
+        self._vm.set_input(name, *[tvm.runtime.tensor(a, self.device) for a in arrays])
+        return name, sizes
 
     def __call__(self, *arrays, **named) -> list[np.ndarray]:
-        self._set(self.bind(*arrays, **named))
-        self._vm.invoke_stateful("main")
-        n = int(self._vm._get_output_arity("main"))
+        name, sizes = self._set(self.bind(*arrays, **named))
+        self._vm.invoke_stateful(name)
+        n = int(self._vm._get_output_arity(name))
         if n < 0:                                    # a single tensor, not a tuple
-            return [self._vm._get_output("main").numpy()]
-        return [self._vm._get_output("main", i).numpy() for i in range(n)]
+            return self.unpad([self._vm._get_output(name).numpy()], sizes)
+        return self.unpad([self._vm._get_output(name, i).numpy() for i in range(n)], sizes)
 
 
 def load_remote(board: RemoteBoard, out_dir: str | Path) -> RemoteModel:
@@ -208,14 +212,17 @@ def load_remote(board: RemoteBoard, out_dir: str | Path) -> RemoteModel:
 
 def time_remote(model: RemoteModel, inputs: Mapping[str, np.ndarray] | None = None, *, repeats: int = 10,
                 min_repeat_ms: int = 50) -> float:
-    """Median latency (ms) of one ``main`` call on the board: the VM's ``time_evaluator`` run
+    """Median latency (ms) of one call on the board: the VM's ``time_evaluator`` run
     there (``repeats`` rounds of at least ``min_repeat_ms`` each, after a warm-up call), so the
-    network is not timed. ``inputs`` (by input name; default: zeros) are copied over once."""
-    feed = dict(inputs or {s.name: np.zeros(s.shape, s.dtype) for s in model.inputs})
-    model._set(model.bind(**feed))
+    network is not timed. ``inputs`` (by input name; default: zeros, dynamic dims at their largest
+    size) are copied over once."""
+    dims = model.buckets.dims if model.buckets is not None else {}
+    feed = dict(inputs or {s.name: np.zeros([dims[d][1] if isinstance(d, str) else d for d in s.shape], s.dtype)
+                           for s in model.inputs})
+    name, _ = model._set(model.bind(**feed))
     f = model._vm.time_evaluator("invoke_stateful", model.device, number=1, repeat=repeats,
                                  min_repeat_ms=min_repeat_ms)
-    return float(np.median(f("main").results)) * 1e3
+    return float(np.median(f(name).results)) * 1e3
 
 
 def first_run(model: CompiledModel, outputs_of: str | Path | np.ndarray | Mapping[str, np.ndarray]):
@@ -231,7 +238,8 @@ def first_run(model: CompiledModel, outputs_of: str | Path | np.ndarray | Mappin
     for s in model.inputs:
         mode, _ = batch_plan(s, arrays[s.name], str(model.out_dir))
         a = arrays[s.name]
-        feed[s.name] = np.ascontiguousarray(a[0] if mode == "sample" else a[:s.shape[0]])
+        feed[s.name] = np.ascontiguousarray(a[0] if mode == "sample" else a[:s.shape[0]] if isinstance(s.shape[0], int)
+                                            else a)
     return feed
 
 

@@ -268,3 +268,20 @@ def test_cli_budget_measures_on_the_board(capsys, tmp_path, tracker):
     assert all(r["int8_ms"] >= 0 and r["float_ms"] >= 0 for r in lat["layers"])
     assert "timing every kernel on board 127.0.0.1:" in err
     assert "latency (measured on board 127.0.0.1:" in out
+
+
+def test_a_dynamic_artifact_runs_its_buckets_on_the_board(tracker, tmp_path):
+    """--dynamic: the board runs the bucket's function and the host slices, as a local call does."""
+    import dynamic_models as dm
+    from qcompiler.runtime import load, remote
+    enc = dm.masked_attention(tmp_path / "enc.onnx")
+    assert main([enc, "--dynamic", "S=1..24:8,24", "-o", str(tmp_path / "dyn"), "-q"]) == 0
+    board = remote.connect(tracker, "local", timeout=60)
+    model = remote.load_remote(board, tmp_path / "dyn")
+    for n in (3, 17):
+        f = dm.feed(n, seed=n)
+        got, local = model(**f), load(tmp_path / "dyn")(**f)
+        assert [g.shape for g in got] == [(1, n, 8), (1, 8)]
+        for g, ref in zip(got, local):
+            np.testing.assert_array_equal(g, ref)
+    assert remote.time_remote(model, repeats=2, min_repeat_ms=1) > 0
