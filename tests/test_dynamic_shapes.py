@@ -189,6 +189,9 @@ def test_a_named_dim_without_a_range_is_one_line(encoder, tmp_path, capsys):
     assert main([encoder, "--input-shape", "x=1xSx8", "--input-shape", "mask=1xS", "-o", str(tmp_path / "o")]) == 2
     assert "only a compile with --dynamic S=LO..HI keeps a dim dynamic" in capsys.readouterr().err
     assert main(["inspect", encoder, "--input-shape", "x=1xSx8"]) == 2
+    capsys.readouterr()
+    assert main(["inspect", encoder, "--dynamic", "S=1..40"]) == 2
+    assert "this command reads the model at one shape" in capsys.readouterr().err
 
 
 def test_the_runtime_picks_the_least_padded_bucket_over_several_dims():

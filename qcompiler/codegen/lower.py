@@ -80,13 +80,11 @@ in float32, each kernel casting on load and store; model inputs and outputs stay
 An int8 build with ``spec.float_dtype == "fp16"`` (``--float-dtype fp16``) stores its float
 layers' activations and weights the same way (DequantizeLinear writes fp16, QuantizeLinear reads
 it) and leaves the integer kernels as they are (tests/quant/test_mixed_precision.py).
-Measured errors of the fp16 and bf16 builds, and the rules tried and not adopted: docs/targets.md
-"Float precision, measured". bf16 (``spec.dtype == "bf16"``, CUDA only) is the fp16 rule with bfloat16
-storage (float32's exponent range: no weight kept fp32 for range); weight constants are rounded to
-nearest-even by ml_dtypes' ``bfloat16``, which ``relax.const`` takes as is.
+bf16 (CUDA only): bfloat16 storage alike. Measured errors: docs/targets.md "Float precision, measured".
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -186,7 +184,7 @@ class KernelCtx:
             arr = arr.astype(self.low.float_storage(arr, keep_dtype))
         arr = np.ascontiguousarray(arr.reshape(arr.shape or (1,)))
         ph = te.placeholder(arr.shape, str(arr.dtype), name=f"{name}{len(self.params)}")
-        self.params.append((ph, relax.const(arr, str(arr.dtype))))
+        self.params.append((ph, self.low.constant(arr)))
         return ph
 
     def vector(self, arr: np.ndarray) -> Buf:
@@ -231,12 +229,23 @@ class Lowering:
         # views around them) and returns (the stored value, the call_tir)
         self.calls: list[tuple[Value, relax.Var, relax.Call, Callable]] = []
         self.sources: dict[str, tuple] = {}    # kernel name -> (unscheduled PrimFunc, schedule kind): --tune
+        self.pool: dict | None = None          # constants by content, when several shapes share a module
 
     def share_kernels(self, other: "Lowering") -> "Lowering":
-        """Build into ``other``'s module (the same model at another input shape): kernel names, the
-        identical-kernel cache and the shared sparse kernels carry over."""
+        """Build into ``other``'s module (the model at another shape), reusing its kernels and constants."""
         self.kernels, self.cache, self.shared, self.sources = other.kernels, other.cache, other.shared, other.sources
+        self.pool = other.pool
         return self
+
+    def constant(self, arr: np.ndarray) -> relax.Expr:
+        """``relax.const(arr)``; with a pool (several shapes in one module), one object per content:
+        a weight packed alike for every shape is held once while the module is built."""
+        if self.pool is None:
+            return relax.const(arr, str(arr.dtype))
+        key = (arr.shape, arr.dtype.str, hashlib.blake2b(arr.tobytes(), digest_size=16).digest())
+        if key not in self.pool:
+            self.pool[key] = relax.const(arr, str(arr.dtype))
+        return self.pool[key]
 
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
@@ -257,7 +266,7 @@ class Lowering:
         key = (id(v), dt)
         if key not in self.consts:
             arr = np.ascontiguousarray(v.data.astype(dt).reshape(v.shape or (1,)))
-            self.consts[key] = relax.const(arr, str(arr.dtype))
+            self.consts[key] = self.constant(arr)
         ph = te.placeholder(v.shape or (1,), dt, name=f"c{len(ctx.params)}")
         ctx.params.append((ph, self.consts[key]))
         return Buf(ph, v.shape, v.dtype)
@@ -408,8 +417,7 @@ class Lowering:
 
     # -- the whole graph ------------------------------------------------------------------------------
     def run(self, bb: relax.BlockBuilder | None = None, name: str = "main") -> tvm.IRModule:
-        """Add the graph's function ``name`` (and the debug functions) to ``bb``'s module (a new one
-        by default) and return the module."""
+        """Add the function ``name`` (and the debug functions) to ``bb``'s module (default: a new one)."""
         graph = self.graph
         order = {op: i for i, op in enumerate(graph.ops)}
         groups = plan(graph)
@@ -516,31 +524,27 @@ def _hint(name: str) -> str:
 def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_schedules: bool = True) -> tvm.IRModule:
     """The Relax module for ``graph`` on ``spec`` (CPU: scheduled TIR kernels; CUDA: plain-layout
     TIR kernels, the int8 GEMMs and small-window reductions scheduled, the rest left for
-    tvm.compile's CUDA pipeline to schedule with dlight). ``sources``,
-    if given, receives each kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py).
-    ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module then also compiles for
-    a CPU (tests check the CUDA computes there; the schedules only reorder, tile, bind and tensorize)."""
-    graph = _dequantized_weights(graph)
-    low = Lowering(graph, spec, gpu_schedules)
+    tvm.compile's CUDA pipeline to schedule with dlight). ``sources``, if given, receives each
+    kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py).
+    ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module also compiles for a CPU
+    then (tests check the CUDA computes there)."""
+    low = Lowering(_dequantized_weights(graph), spec, gpu_schedules)
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)
     return mod
 
 
-def lower_shapes(named: list[tuple[str, Graph]], spec: TargetSpec) -> tvm.IRModule:
-    """One module with a function per (name, graph): the same model imported at several input
-    shapes (``--dynamic``'s buckets). Identical kernels are added once, and the VM's constant pool
-    stores weights packed alike for two shapes once."""
-    bb, first = relax.BlockBuilder(), None
-    for name, graph in named:
-        low = Lowering(_dequantized_weights(graph), spec)
-        if first is None:
-            first = low
-        else:
-            low.share_kernels(first)
-        mod = low.run(bb, name)
-    return mod
+def lower_shape(bb: relax.BlockBuilder, name: str, graph: Graph, spec: TargetSpec,
+                share: Lowering | None = None) -> Lowering:
+    """Add ``graph``'s function ``name`` to ``bb``'s module, reusing the identical kernels and
+    constants of ``share``: the same model at another input shape (``--dynamic``'s buckets)."""
+    low = Lowering(_dequantized_weights(graph), spec)
+    if share is not None:
+        low.share_kernels(share)
+    low.pool = low.pool if low.pool is not None else {}
+    low.run(bb, name)
+    return low
 
 
 def _dequantized_weights(graph: Graph) -> Graph:

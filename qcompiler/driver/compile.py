@@ -65,6 +65,9 @@ def load_model(src: ModelSource) -> Graph:
     """Import ``src.path`` (plugins loaded first: they may register ops' passes)."""
     from ..frontend.onnx_import import import_onnx
     check_model_path(src.path)
+    if src.dynamic:
+        raise UserError("--dynamic builds an artifact for a range of sizes; this command reads the model at one "
+                        "shape", "--dynamic", "give --input-shape sizes instead (or use it with `qcompile compile`)")
     named = next((d for s in src.input_shapes.values() for d in s if isinstance(d, str)), None)
     if named is not None:
         raise UserError(f"--input-shape names the dim '{named}': only a compile with --dynamic {named}=LO..HI keeps a "
@@ -182,16 +185,16 @@ def _compile_buckets(model: ModelSource, output: str, opts: CompileOptions, log:
                                       model.dynamic, where, fixed=given)
     log(f"dynamic {', '.join(map(str, model.dynamic))}: padding leaves the outputs unchanged (ONNX Runtime); "
         f"{len(combos)} bucket(s)")
-    builds = []
+    buckets = ShapeBuckets(opts.target, {d.name: (d.lo, d.hi) for d in model.dynamic})
     for i, sizes in enumerate(combos):
         log(f"bucket {i + 1}/{len(combos)}: {', '.join(f'{k}={v}' for k, v in sizes.items())}")
+        g = pm = None               # the previous bucket is lowered: let its graph go before the next import
         g = load_model(replace(model, input_shapes={**given, **shapes.concrete(sym, sizes)}, dynamic=()))
         ops_before, params_before = g.op_histogram(), g.param_count()
         pm = run_pipeline(g, opts, log)
-        builds.append((sizes, g))
-    inputs = [TensorSpec(v.name, sym.get(v.name, tuple(v.shape)), v.dtype) for v in g.inputs]
-    outputs = [TensorSpec(v.name, s, v.dtype) for v, s in zip(g.outputs, out_shapes)]
-    buckets = ShapeBuckets({d.name: (d.lo, d.hi) for d in model.dynamic}, builds, inputs, outputs)
+        buckets.add(sizes, g)
+    buckets.inputs = [TensorSpec(v.name, sym.get(v.name, tuple(v.shape)), v.dtype) for v in g.inputs]
+    buckets.outputs = [TensorSpec(v.name, s, v.dtype) for v, s in zip(g.outputs, out_shapes)]
     files = ReportFiles.of(g, pm, opts, name=os.path.basename(model.path), ops_before=ops_before,
                            params_before=params_before, evaluation=None, given=None, output=output)
     out = write_artifact(g, opts.target, output, extra_files=files.extra, buckets=buckets)

@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import UserError
+from ..runtime.shapes import Buckets
 
 MAX_BUCKETS = 16
 """The most builds one artifact may hold (all dynamic dims' bucket combinations)."""
@@ -199,11 +200,6 @@ def _feed(model, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -
     return feed
 
 
-def _pad(a: np.ndarray, shape: Shape, small: Mapping[str, int], big: Mapping[str, int]) -> np.ndarray:
-    widths = [(0, big[d] - small[d]) if isinstance(d, str) else (0, 0) for d in shape]
-    return np.pad(a, widths)
-
-
 def check_padding(model, shapes: Mapping[str, Shape], dims: Sequence[DynamicDim], where: str,
                   fixed: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[int | str, ...]]:
     """Run ``model`` (an ONNX ModelProto, bound inputs folded in; ``fixed``: the other inputs'
@@ -216,7 +212,7 @@ def check_padding(model, shapes: Mapping[str, Shape], dims: Sequence[DynamicDim]
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feed = _feed(model, {**(fixed or {}), **concrete(shapes, small)}, np.random.default_rng(0))
-    padded = {k: _pad(a, shapes[k], small, big) if k in shapes else a for k, a in feed.items()}
+    padded = {k: Buckets.pad(shapes[k], a, big) if k in shapes else a for k, a in feed.items()}
     try:
         ref, got = sess.run(None, feed), sess.run(None, padded)
     except Exception as e:  # noqa: BLE001 (ORT raises its own types)
@@ -236,7 +232,7 @@ def check_padding(model, shapes: Mapping[str, Shape], dims: Sequence[DynamicDim]
                 raise UserError(f"output '{o.name}' dim {i} is {a} at {small} and {b} at {big}: it does not follow one "
                                 "dynamic dim, so padding cannot be sliced off", where,
                                 "compile one artifact per size (no --dynamic)")
-        real = p[tuple(slice(0, small[d]) if isinstance(d, str) else slice(None) for d in shape)]
+        real = Buckets.unpad(shape, p, small)
         scale = float(np.max(np.abs(r))) if r.size and r.dtype.kind == "f" else 1.0
         diff = float(np.max(np.abs(real.astype(np.float64) - r))) if r.size else 0.0
         if diff > PAD_TOLERANCE * max(scale, 1e-30):
