@@ -92,6 +92,7 @@ CASES = [
     Case("matmul_const", "MatMul", {"a": r(2, 5, 24)}, {"b": r(24, 48)}),
     Case("matmul_const_odd_n", "MatMul", {"a": r(1, 6, 24)}, {"b": r(24, 53)}),
     Case("matmul_batched", "MatMul", {"a": r(2, 3, 5, 8), "b": r(2, 3, 8, 16)}),
+    Case("matmul_keys_padded", "MatMul", {"a": r(1, 3, 13, 16), "b": r(1, 3, 16, 37)}),   # 37 columns: 48 computed
     Case("matmul_broadcast", "MatMul", {"a": r(4, 6, 8), "b": r(8, 5)}, order=["a", "b"]),
     Case("matmul_vec", "MatMul", {"a": r(8), "b": r(3, 8, 4)}),
     # normalization and reductions
@@ -349,3 +350,16 @@ def test_unsupported_op_names_itself():
     g.ops[0].kind = "NoSuchOp"
     with pytest.raises(LoweringError, match="NoSuchOp"):
         lower(g, TargetSpec("x86"))
+
+
+def test_padded_columns_are_cut_per_row_tile():
+    """Q·Kᵀ over a key count that is no multiple of the vector (whisper's 1500, here 37): the kernel
+    computes whole vectors of columns and cuts the padding off each row tile inside the row-tile
+    loop (parallel where the kernel is large enough), not in a second pass over the padded output."""
+    from tvm import s_tir
+    m = Case("qk", "MatMul", {"a": r(1, 3, 13, 16), "b": r(1, 3, 16, 37)}).model()
+    mod = lower(import_onnx(m), TargetSpec("x86"))
+    (func,) = [mod[gv] for gv in mod.functions if "matmul" in gv.name_hint]
+    sch = s_tir.Schedule(func)
+    out, update = sch.get_sblock("out"), sch.get_sblock("matmul_update")
+    assert sch.get(sch.get_loops(out)[0]).same_as(sch.get(sch.get_loops(update)[0]))   # the row-tile loop

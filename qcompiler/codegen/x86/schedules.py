@@ -17,16 +17,14 @@ and the kernel's output ``out``), so every rule knows the loop nest it gets:
 * ``dense`` / ``dense_dot`` / ``dense_amx``: gemms, packed weights, row tiles of ``mb`` rows by column
   blocks, the smaller operand re-read (:func:`_tiles_order`); int8 on dot products or AMX tiles.
 * ``matmul``: batched, rows parallel, columns vectorized. ``row_stats``: dynamic int8's row ranges.
-* ``rowwise``: reductions over trailing axes per row. ``generic``: parallel outer, vectorized inner.
+  ``rowwise``: reductions over trailing axes per row. ``generic``: parallel outer, vectorized inner.
 
 A stage ahead of a parallel main loop (a packing stage, the other Winograd transform) shares that
 loop's thread-pool launch, split across the threads (:func:`_one_launch`); a kernel runs on the
 thread pool only where its estimated time pays for the launch (:mod:`.threads`).
-After TVM's lowering the threads claim each parallel loop's iterations in chunks, and the stage
-ahead counts its chunks instead of TVM's barrier (:mod:`.work_claiming`): a launch no longer
-waits for a sleeping worker to start its static share.
-
-Every rule falls back to ``generic`` if a primitive refuses (a shape the rule did not foresee).
+After TVM's lowering the threads claim each parallel loop's iterations in chunks, the stage ahead
+counting its chunks instead of TVM's barrier (:mod:`.work_claiming`). Every rule falls back to
+``generic`` if a primitive refuses (a shape the rule did not foresee).
 """
 from __future__ import annotations
 
@@ -477,7 +475,7 @@ def dense_dot(sch, vw, mb, lanes, intrin, nb=1):
 def matmul(sch, vw, mb=1):
     """Batched matmul: rows (batch x M / mb) parallel; a register tile of ``mb`` rows (unrolled)
     x one vector of columns accumulates over K; a B padding stage ("bpad"), if any, computed
-    whole before it."""
+    whole before it; padded columns cut off per row tile, while it is cached."""
     blk = sch.get_sblock("matmul")
     loops = sch.get_loops(blk)
     *spatial, i, j, rk = loops
@@ -503,7 +501,13 @@ def matmul(sch, vw, mb=1):
     if pad is not None:
         _spatial_nest(sch, pad, vw)
     out = _block(sch, "out")
-    if out is not None:
+    if out is not None and b > 1:       # whisper's 1500 keys: 6x1500x1504 scores copied whole took 30 %
+        sch.reverse_compute_at(out, rows)
+        last = sch.get_loops(out)[-1]
+        w = next(w for w in (vw, vw // 2, vw // 4, 1) if _extent(sch, last) % w == 0)
+        if w > 1:
+            sch.vectorize(sch.split(last, [None, w])[1])
+    elif out is not None:
         _spatial_nest(sch, out, vw)
 
 
