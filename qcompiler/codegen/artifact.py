@@ -43,8 +43,8 @@ class ShapeBuckets:
     model compiled at the bucket's sizes (see :mod:`qcompiler.runtime.shapes`). Each bucket is
     lowered into the one module when it is added, so only one bucket's graph need be alive, and
     the module holds each weight packed alike for every bucket once (:meth:`Lowering.constant`):
-    eleven BERT-base buckets peaked at 6.9 GB of memory so, 11.4 GB with every graph and every
-    copy held until tvm.compile (3.4 GB for one build)."""
+    eleven BERT-base buckets peak at 6.9 GB (11.4 GB when every graph and every copy was held until
+    tvm.compile; one build: 3.4 GB)."""
 
     def __init__(self, spec: TargetSpec, dims: dict[str, tuple[int, int]]):
         from tvm import relax
