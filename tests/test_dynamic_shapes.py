@@ -83,6 +83,10 @@ def test_dims_come_from_the_model_or_from_input_shape(encoder):
         symbolic_shapes(m, {}, [DynamicDim("T", 1, 40)], "m")
     with pytest.raises(UserError, match="uses 'L', which has no --dynamic range"):
         symbolic_shapes(m, given, dims, "m")
+    with pytest.raises(UserError, match="names 'y', which is not an input of the model"):
+        symbolic_shapes(m, {"y": (1, "S")}, dims, "m")
+    with pytest.raises(UserError, match="input 'x' dim 2 is fixed at 8 by the model"):
+        symbolic_shapes(m, {"x": (1, "S", "S")}, dims, "m")
 
 
 def test_the_padding_check_finds_the_sliced_dims(encoder):

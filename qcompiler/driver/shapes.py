@@ -126,12 +126,21 @@ def symbolic_shapes(model, given: Mapping[str, Shape], dims: Sequence[DynamicDim
     the model's other dynamic dims (a batch) set to 1."""
     names = {d.name for d in dims}
     inits = {t.name for t in model.graph.initializer}
+    inputs = {v.name: v for v in model.graph.input if v.name not in inits}
     out: dict[str, Shape] = {}
     for k, shape in given.items():
         unknown = [d for d in shape if isinstance(d, str) and d not in names]
         if unknown:
             raise UserError(f"--input-shape {k} uses '{unknown[0]}', which has no --dynamic range", "--input-shape",
                             f"add --dynamic {unknown[0]}=LO..HI")
+        if k not in inputs:
+            raise UserError(f"--input-shape names '{k}', which is not an input of the model", where,
+                            f"the model's inputs are: {', '.join(inputs) or '(none)'}")
+        declared = [d.dim_value if d.dim_value > 0 else None for d in inputs[k].type.tensor_type.shape.dim]
+        fixed = [(i, n) for i, (d, n) in enumerate(zip(shape, declared)) if isinstance(d, str) and n is not None]
+        if fixed:
+            raise UserError(f"input '{k}' dim {fixed[0][0]} is fixed at {fixed[0][1]} by the model; it cannot be dynamic",
+                            "--input-shape", f"give {fixed[0][1]} there")
         if any(isinstance(d, str) for d in shape):
             out[k] = tuple(shape)
     for v in model.graph.input:

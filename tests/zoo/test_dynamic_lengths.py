@@ -2,7 +2,8 @@
 all-MiniLM-L6-v2 export with a dynamic ``sequence`` dim (zoo ``path(dynamic=True)``), compiled with
 ``--dynamic sequence=1..512`` (eleven buckets), runs lengths 8, 77, 128 and 512 with the outputs
 of a build for each length within 1e-5 of their range (measured: equal), on real token ids.
-bench/dynamic_shapes.py times the same artifacts beside ONNX Runtime."""
+bench/dynamic_shapes.py times the same artifacts beside ONNX Runtime. And a dynamic batch on a
+trained CNN (rapidocr-cls)."""
 from __future__ import annotations
 
 import sys
@@ -40,3 +41,22 @@ def test_one_artifact_runs_every_length_as_its_own_build(tmp_path):
         (a,), (b,) = dyn(**f), qc.load(tmp_path / f"s{n}")(**f)
         assert a.shape == b.shape == (1, n, 384)
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), n
+
+
+def test_a_dynamic_batch_on_a_trained_cnn(tmp_path):
+    """rapidocr-cls (its input x: -1x3x?x?): --dynamic B=1..4 with buckets 2 and 4; batches of 1, 3
+    and 4 images match ONNX Runtime's run of the same batch (within 1e-5 of the range)."""
+    import qcompiler as qc
+    from qcompiler.cli import main
+    m = zoo.get("rapidocr-cls")
+    path = str(m.path())
+    assert main([path, "--input-shape", "x=Bx3x48x192", "--dynamic", "B=1..4:2,4", "-o", str(tmp_path / "d"),
+                 "-q"]) == 0
+    model = qc.load(tmp_path / "d")
+    assert [o.shape for o in model.outputs] == [("B", 2)]
+    x = np.random.default_rng(0).standard_normal((4, 3, 48, 192)).astype(np.float32)
+    sess = zoo.ort_session(path, 2)
+    for b in (1, 3, 4):
+        (got,), (ref,) = model(x[:b]), sess.run(None, {"x": x[:b]})
+        assert got.shape == ref.shape == (b, 2)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), b
