@@ -68,10 +68,11 @@ def load_model(src: ModelSource) -> Graph:
     if src.dynamic:
         raise UserError("--dynamic builds an artifact for a range of sizes; this command reads the model at one "
                         "shape", "--dynamic", "give --input-shape sizes instead (or use it with `qcompile compile`)")
-    named = next((d for s in src.input_shapes.values() for d in s if isinstance(d, str)), None)
+    named = next(((k, d) for k, s in src.input_shapes.items() for d in s if isinstance(d, str)), None)
     if named is not None:
-        raise UserError(f"--input-shape names the dim '{named}': only a compile with --dynamic {named}=LO..HI keeps a "
-                        "dim dynamic", "--input-shape", f"give a size for {named}, or add --dynamic {named}=LO..HI")
+        k, d = named
+        raise UserError(f"bad --input-shape for '{k}': '{d}' is not a size, and only a compile with --dynamic {d}=LO..HI "
+                        "keeps a dim dynamic", "--input-shape", f"give a size for {d}, or add --dynamic {d}=LO..HI")
     for plugin in src.plugins:
         from ..passes import load_plugin
         load_plugin(plugin)
