@@ -205,7 +205,9 @@ static void ReadSize(const TensorSpec& spec, const std::string& path, const Json
   }
   if (dim.empty()) return;
   int64_t row = static_cast<int64_t>(ffi::GetDataSize(fixed, ParseDType(spec.dtype)));
-  int64_t bytes = static_cast<int64_t>(ReadFile(path).size());
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  int64_t bytes = static_cast<int64_t>(f.tellg());
   int64_t n = row ? bytes / row : 0;
   const Json& r = ranges[dim];
   if (row == 0 || bytes % row || n < r.arr[0].num || n > r.arr[1].num)
@@ -232,6 +234,7 @@ static ffi::Tensor LoadInput(TensorSpec spec, const std::string& path, const Siz
 // ``t`` (row-major, shape ``from``) in a zero tensor of shape ``to`` or cut to it, the box both share.
 static ffi::Tensor Reshaped(const ffi::Tensor& t, const std::vector<int64_t>& to) {
   std::vector<int64_t> from(t.shape().begin(), t.shape().end()), box(to.size());
+  if (from == to) return t;  // a size that is a bucket: nothing to pad or cut
   for (size_t i = 0; i < to.size(); ++i) box[i] = std::min(from[i], to[i]);
   ffi::Tensor out = Alloc(to, t.dtype());
   size_t esize = ffi::GetDataSize(1, t.dtype());

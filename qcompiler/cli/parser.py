@@ -36,7 +36,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dynamic", action="append", default=[], metavar="DIM=LO..HI[:B,B,...]",
                    help="one artifact for every size of a dynamic dim (a dim the model names, or a symbol of "
                         "--input-shape such as input_ids=1xS): compiled per bucket size (default: powers of two "
-                        "from 16, and HI), inputs zero-padded to the bucket at run time (repeatable)")
+                        "and their 1.5 multiples from 16, and HI), inputs zero-padded to the bucket at run time "
+                        "(repeatable)")
 
 
 def _pass_args(p: argparse.ArgumentParser) -> None:

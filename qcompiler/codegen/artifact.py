@@ -68,7 +68,6 @@ class ShapeBuckets:
         cuda = self.spec.family is Family.CUDA
         with tvm.target.Target(self.spec.tvm) if cuda else contextlib.nullcontext():
             low = lower_shape(self._bb, self.function(sizes), graph, self.spec, self._first)
-        low.graph, low.stored, low.calls = None, {}, []      # the module holds what it needs
         self._first = self._first or low
         self.sizes.append(dict(sizes))
 

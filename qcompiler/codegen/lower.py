@@ -238,8 +238,7 @@ class Lowering:
         return self
 
     def constant(self, arr: np.ndarray) -> relax.Expr:
-        """``relax.const(arr)``; with a pool (several shapes in one module), one object per content:
-        a weight packed alike for every shape is held once while the module is built."""
+        """``relax.const(arr)``; with a pool (several shapes in one module), one object per content."""
         if self.pool is None:
             return relax.const(arr, str(arr.dtype))
         key = (arr.shape, arr.dtype.str, hashlib.blake2b(arr.tobytes(), digest_size=16).digest())
@@ -540,10 +539,11 @@ def lower_shape(bb: relax.BlockBuilder, name: str, graph: Graph, spec: TargetSpe
     """Add ``graph``'s function ``name`` to ``bb``'s module, reusing the identical kernels and
     constants of ``share``: the same model at another input shape (``--dynamic``'s buckets)."""
     low = Lowering(_dequantized_weights(graph), spec)
+    low.pool = {}
     if share is not None:
         low.share_kernels(share)
-    low.pool = low.pool if low.pool is not None else {}
     low.run(bb, name)
+    low.graph, low.stored, low.calls = None, {}, []      # the module holds what it needs: let the graph go
     return low
 
 
