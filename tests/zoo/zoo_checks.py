@@ -5,9 +5,14 @@ For each zoo model (zoo/manifest.toml), as a user would build it (zoo.harness.bu
 that ``qcompile`` runs, in process; a model that does not import goes through the CLI, for its error line):
 
 * fp32: ``qcompile M.onnx --dtype fp32`` equals ONNX Runtime on the model as given within
-  1e-4 * max|ref| per output, on EVAL_SAMPLES real inputs (zoo/data.py). 1e-4: float32 results of
-  a different summation order differ by ~n * 2^-24 relative (n up to ~10^4 terms in the largest
-  reductions), far below it, while a wrong kernel or a dropped op is ~1 or more;
+  1e-4 * max|ref| per output, on EVAL_SAMPLES real inputs (zoo/data.py), or within FLOOR_MARGIN
+  times the input's float32 noise floor where that is larger (:func:`rounding_floor`). 1e-4: on a
+  well-conditioned input, float32 results of a different summation order differ by ~1e-6 of the
+  output's range, while a wrong kernel or a dropped op is ~1 or more. Some inputs are not well
+  conditioned: on a photo that saturates a random-weight EfficientNet-B0's squeeze-excite
+  sigmoids, ONNX Runtime's own logits move by 8.5e-5 of their range when the input moves by one
+  ulp, and with its graph optimizations off by 7.2e-5; there no float32 result is closer than
+  ~1e-4 to another, and the bound is the floor's;
 * int8: ``qcompile M.onnx --dtype int8 --calib`` on CALIB_SAMPLES feeds: output SQNR against ORT fp32
   on the evaluation feeds at least ORT ``quantize_static``'s (QDQ, per channel, MinMax) on the same
   calibration feeds (zoo.ort_quantize_static). A model that arrives quantized: its own scales,
@@ -23,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +41,9 @@ EVAL_SAMPLES = 2
 CALIB_SAMPLES = 8
 INT8_EVAL_SAMPLES = 4
 FP32_TOL = 1e-4
+FLOOR_MARGIN = 4
+"""Float32 roundings happen inside the network too, not only at its input: the bound is a few
+times the input-perturbation floor, not the floor itself."""
 
 
 def params(group: str, part: int = 0, parts: int = 1) -> list:
@@ -73,8 +82,25 @@ def check_fp32(m, tmp_path: Path, request) -> None:
     for f in m.feeds(EVAL_SAMPLES, seed=1):
         ref = zoo.ort_run(m.path(), m.ort_feeds(f))
         err = max_rel_error(ref, art(f))
-        print(f"{m.name}: max error {err:.2e} * max|ref|")
-        assert err <= FP32_TOL, f"{m.name}: fp32 max error {err:.2e} * max|ref| > {FP32_TOL:g}"
+        floor = rounding_floor(m, m.ort_feeds(f), ref)
+        tol = max(FP32_TOL, FLOOR_MARGIN * floor)
+        print(f"{m.name}: max error {err:.2e} * max|ref| (float32 floor of this input {floor:.1e})")
+        assert err <= tol, f"{m.name}: fp32 max error {err:.2e} * max|ref| > {tol:.2g}"
+
+
+def rounding_floor(m, feeds: dict, ref: list, draws: int = 2) -> float:
+    """The float32 noise floor of ``m`` at ``feeds``: the most ONNX Runtime's outputs move (as
+    max_rel_error against ``ref``, its outputs at ``feeds``) when every float input element is
+    scaled by 1 + e, e uniform in [-2^-23, 2^-23] (one ulp), over ``draws`` draws. A model that
+    amplifies a rounding at its input this much amplifies the roundings of its own layers alike;
+    0 for a model without float inputs (token ids)."""
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for _ in range(draws):
+        moved = {k: (v * (1 + rng.uniform(-2.0 ** -23, 2.0 ** -23, v.shape))).astype(v.dtype)
+                 if v.dtype == np.float32 else v for k, v in feeds.items()}
+        worst = max(worst, max_rel_error(ref, zoo.ort_run(m.path(), moved)))
+    return worst
 
 
 def check_int8(m, tmp_path: Path, request) -> None:

@@ -37,6 +37,7 @@ from tvm import s_tir
 
 from ..intrin import ACC_SCOPE
 from . import threads
+from .blocked_sum import split_sum
 
 log = logging.getLogger(__name__)
 STRICT = os.environ.get("QC_STRICT_SCHEDULE") == "1"
@@ -86,9 +87,7 @@ def _spatial_nest(sch, blk, vw: int, parallel: bool = True):
     loops = sch.get_loops(blk)
     if not loops:
         return
-    total = 1
-    for lp in loops:
-        total *= _extent(sch, lp)
+    total = math.prod(_extent(sch, lp) for lp in loops)
     last = _extent(sch, loops[-1])
     if last % vw == 0 or last <= 4 * vw and last >= vw // 2:
         inner = loops[-1]
@@ -145,17 +144,22 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
     red = loops[5:5 + n_red]
     xo, xi = sch.split(x, [None, reg_n])
     sch.reorder(n, ko, y, xo, *red, xi, ki)
-    par = sch.fuse(n, ko, y)
-    threads.parallel(sch, par)
+    blocked = split_sum(sch, blk, [n, ko, y], xo, red, [xi, ki], unroll_last_red)   # long float sums
+    if blocked is not None:
+        par, xo, first = blocked
+        xi, ki = sch.get_loops(blk)[-2:]
+    else:
+        if unroll_last_red and _extent(sch, red[-1]) <= 16:
+            sch.unroll(red[-1])
+        par, first = sch.fuse(n, ko, y), red[0]
+        threads.parallel(sch, par)
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     _write_back(sch, vw)
     _vectorize_inner(sch, acc, 2)
     sch.vectorize(ki)
     sch.unroll(xi)
-    if unroll_last_red and _extent(sch, red[-1]) <= 16:
-        sch.unroll(red[-1])
-    init = sch.decompose_reduction(blk, red[0])
+    init = sch.decompose_reduction(blk, first)
     sch.vectorize(sch.get_loops(init)[-1])
     if pad:
         _pack_nest(sch, vw, par)
@@ -563,9 +567,7 @@ def se_mul(sch, vw, r):
         if sch.get(blk).name_hint != "out":
             _spatial_nest(sch, blk, vw)
     n, co, h, w, ci = sch.get_loops(out)
-    total = 1
-    for lp in (n, co, h, w, ci):
-        total *= _extent(sch, lp)
+    total = math.prod(_extent(sch, lp) for lp in (n, co, h, w, ci))
     wo, wi = sch.split(w, [None, r])
     sch.vectorize(sch.fuse(wi, ci))
     f = sch.fuse(n, co, h, wo)
@@ -582,9 +584,7 @@ def generic(sch, vw, **_):
             nsp = sum(1 for iv in sch.get(blk).iter_vars if int(iv.iter_type) == 0)
             sp = loops[:nsp]
             if sp:
-                total = 1
-                for lp in sp:
-                    total *= _extent(sch, lp)
+                total = math.prod(_extent(sch, lp) for lp in sp)
                 if total > 1:
                     f = sch.fuse(*sp) if len(sp) > 1 else sp[0]
                     if total >= 64:
@@ -594,7 +594,6 @@ def generic(sch, vw, **_):
 
 
 RULES = {"conv2d": conv2d, "depthwise": depthwise, "conv_transpose": conv_transpose, "pool": pool,
-         "dense": dense, "conv2d_dot": conv2d_dot,
-         "conv2d_winograd": conv2d_winograd, "dense_dot": dense_dot, "dense_amx": dense_amx, "matmul": matmul,
-         "row_stats": row_stats,
-         "rowwise": rowwise, "se_mul": se_mul, "generic": generic}
+         "dense": dense, "conv2d_dot": conv2d_dot, "conv2d_winograd": conv2d_winograd, "dense_dot": dense_dot,
+         "dense_amx": dense_amx, "matmul": matmul, "row_stats": row_stats, "rowwise": rowwise, "se_mul": se_mul,
+         "generic": generic}
