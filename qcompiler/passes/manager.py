@@ -55,12 +55,16 @@ REGISTRY: dict[str, PassInfo] = {}
 #   fold-pad    fold constant spatial Pad ops (TF exporters' SAME padding) into the padding of the
 #               Conv/FusedConv, MaxPool or AveragePool consuming them (before fold-bn and fuse-act,
 #               so the convs they fold and fuse already carry the padding)
+#   crop-dead-taps  drop the kernel rows/columns of a conv that read only padding for every output
+#               (dilated convs on small maps: DeepLabV3's ASPP at dilation 36 on 32x32 is a 1x1 conv)
 #   fold-bn     fold BatchNormalization and per-channel Mul/Add constants into Conv/Gemm weights
 #               (recording the BN statistics in graph.meta["bn_stats"]), lower the rest to Mul+Add
 #   fuse-act    MatMul+bias -> Gemm; fuse residual adds and activations into FusedConv/FusedGemm
+#   split-conv-bands  a conv whose taps read padding on many outputs computed region by region with
+#               its live taps only (Slice -> Conv -> Concat), where that saves more than it copies
 #   dce         final clean-up
-DEFAULT_PIPELINE: list[str] = ["const-fold", "simplify", "dce", "cse", "fold-pad", "fold-bn", "fuse-act",
-                               "dce"]
+DEFAULT_PIPELINE: list[str] = ["const-fold", "simplify", "dce", "cse", "fold-pad", "crop-dead-taps", "fold-bn",
+                               "fuse-act", "split-conv-bands", "dce"]
 
 
 def register_pass(name: str, options: type | None = None) -> Callable[[PassFn], PassFn]:

@@ -7,7 +7,7 @@ import pytest
 from ir_check import assert_ir, run_ir
 
 PASSES = {"const_fold": "const-fold", "dce": "dce", "cse": "cse", "simplify": "simplify", "fold_bn": "fold-bn",
-          "fold_pad": "fold-pad", "fuse_act": "fuse-act", "expand_fused": "expand-fused",
+          "fold_pad": "fold-pad", "crop_dead_taps": "crop-dead-taps", "fuse_act": "fuse-act", "expand_fused": "expand-fused",
           "relu6_to_relu": "relu6-to-relu", "equalize": "equalize", "fold_qdq": "fold-qdq",
           "quantize_dynamic": "quantize-dynamic"}   # absorb-bias, bias-correct need recorded BN statistics: tested in their own files
 
