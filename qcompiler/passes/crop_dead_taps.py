@@ -46,12 +46,24 @@ from .manager import PassContext, register_pass
 CONVS = ("Conv", "FusedConv")
 
 
+def row_taps(size: int, out: int, kernel: int, stride: int, dilation: int, pad_begin: int) -> list[tuple[int, int] | None]:
+    """For each output index along one axis, the first and last kernel index that reads an input
+    element (not padding) there, or None if every tap reads padding (the live taps of one output
+    are contiguous: the row read moves monotonically with the tap). Shared with
+    :mod:`.split_conv_bands`."""
+    out_taps: list[tuple[int, int] | None] = []
+    for y in range(out):
+        rows = y * stride - pad_begin + np.arange(kernel) * dilation
+        live = np.nonzero((rows >= 0) & (rows < size))[0]
+        out_taps.append((int(live[0]), int(live[-1])) if live.size else None)
+    return out_taps
+
+
 def live_taps(size: int, out: int, kernel: int, stride: int, dilation: int, pad_begin: int) -> tuple[int, int] | None:
     """The first and last kernel index along one axis that reads an input element (not padding)
     for some output index; None if none does."""
-    ys = np.arange(out, dtype=np.int64) * stride - pad_begin
-    live = [r for r in range(kernel) if np.any((ys + r * dilation >= 0) & (ys + r * dilation < size))]
-    return (live[0], live[-1]) if live else None
+    live = [t for t in row_taps(size, out, kernel, stride, dilation, pad_begin) if t is not None]
+    return (min(t[0] for t in live), max(t[1] for t in live)) if live else None
 
 
 def conv_window(op: IROp) -> tuple[tuple[int, int], list[int], list[int], list[int]] | str:
@@ -67,9 +79,9 @@ def conv_window(op: IROp) -> tuple[tuple[int, int], list[int], list[int], list[i
             list(a["pads"] or [0, 0, 0, 0]))
 
 
-def crop_plan(op: IROp) -> tuple[tuple[slice, ...], dict] | str:
-    """The weight's spatial slices and the op's new attributes, or why not (including "nothing
-    to crop")."""
+def crop_plan(op: IROp) -> tuple[np.ndarray, dict] | str:
+    """The cropped weight and the op's new attributes, or why not (including "nothing to
+    crop")."""
     win = conv_window(op)
     if isinstance(win, str):
         return win
@@ -93,16 +105,16 @@ def crop_plan(op: IROp) -> tuple[tuple[slice, ...], dict] | str:
     attrs = dict(op.attrs, pads=new_pads, dilations=new_dils)
     if "kernel_shape" in attrs and attrs["kernel_shape"]:
         attrs["kernel_shape"] = [s.stop - s.start for s in slices]
-    data = [None] + [v.data for v in op.operands[1:]]
-    data[1] = w.data[(slice(None), slice(None), *slices)]
+    cropped = np.ascontiguousarray(w.data[(slice(None), slice(None), *slices)])
+    data = [None, cropped] + [v.data for v in op.operands[2:]]
     types = [v.type for v in op.operands]
     try:
-        (t,) = infer_types(op.kind, types[:1] + [w.type.with_shape(data[1].shape)] + types[2:], attrs, data)
+        (t,) = infer_types(op.kind, types[:1] + [w.type.with_shape(cropped.shape)] + types[2:], attrs, data)
     except Exception as e:   # noqa: BLE001 - the new attributes do not type: decline
         return f"cropped attributes do not type: {e}"
     if t.shape != op.result.type.shape:
         return f"output shape {t.shape} != {op.result.type.shape}"
-    return tuple(slices), attrs
+    return cropped, attrs
 
 
 @register_pass("crop-dead-taps")
@@ -116,9 +128,8 @@ def crop_dead_taps(graph: Graph, ctx: PassContext) -> bool:
         plan = crop_plan(op)
         if isinstance(plan, str):
             continue
-        slices, attrs = plan
+        cropped, attrs = plan
         w = op.operands[1]
-        cropped = np.ascontiguousarray(w.data[(slice(None), slice(None), *slices)])
         op.set_operand(1, graph.add_const(cropped, w.name + "_cropped"))
         op.attrs = attrs
         if ctx is not None:

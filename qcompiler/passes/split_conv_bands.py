@@ -62,7 +62,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Op as IROp
 from ._common import is_output, pass_options
-from .crop_dead_taps import conv_window
+from .crop_dead_taps import conv_window, row_taps
 from .manager import PassContext, register_pass
 
 CONVS = ("Conv", "FusedConv")
@@ -77,12 +77,10 @@ def bands(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int
     """[(ya, yb, r0, r1)]: maximal runs of output rows [ya, yb) whose live taps are [r0, r1], in
     order; None if some output row has no live tap."""
     out_bands: list[tuple[int, int, int, int]] = []
-    for y in range(out):
-        rows = y * stride - pad + np.arange(kernel) * dilation
-        live = np.nonzero((rows >= 0) & (rows < size))[0]
-        if live.size == 0:
+    for y, taps in enumerate(row_taps(size, out, kernel, stride, dilation, pad)):
+        if taps is None:
             return None
-        r0, r1 = int(live[0]), int(live[-1])
+        r0, r1 = taps
         if out_bands and out_bands[-1][1] == y and out_bands[-1][2:] == (r0, r1):
             out_bands[-1] = (out_bands[-1][0], y + 1, r0, r1)
         else:
@@ -93,6 +91,12 @@ def bands(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int
 @dataclass(frozen=True)
 class SplitConvBandsOptions:
     macs_per_byte: float = MACS_PER_BYTE     # 0: split wherever a tap is dead somewhere
+
+
+def input_span(band: tuple[int, int, int, int], stride: int, dilation: int, pad: int) -> tuple[int, int]:
+    """[start, end) of the input rows that ``band`` (ya, yb, r0, r1) reads along its axis."""
+    ya, yb, r0, r1 = band
+    return ya * stride - pad + r0 * dilation, (yb - 1) * stride - pad + r1 * dilation + 1
 
 
 def split_plan(op: IROp, macs_per_byte: float = MACS_PER_BYTE) -> tuple[list, list] | str:
@@ -117,8 +121,9 @@ def split_plan(op: IROp, macs_per_byte: float = MACS_PER_BYTE) -> tuple[list, li
     kept = sum(per_tap * (yb - ya) * (r1 - r0 + 1) * (xb - xa) * (c1 - c0 + 1)
                for ya, yb, r0, r1 in rows for xa, xb, c0, c1 in cols)
     item = np.dtype(x.type.dtype).itemsize
-    window = lambda b, i: (b[1] - 1 - b[0]) * s[i] + (b[3] - b[2]) * d[i] + 1   # noqa: E731 - input rows of a band
-    moved = item * x.type.shape[0] * x.type.shape[1] * sum(window(rb, 0) * window(cb, 1) for rb in rows for cb in cols)
+    spans = [[input_span(b, s[i], d[i], p[i]) for b in axis] for i, axis in enumerate((rows, cols))]
+    moved = item * x.type.shape[0] * x.type.shape[1] * sum((re - rs) * (ce - cs) for rs, re in spans[0]
+                                                           for cs, ce in spans[1])
     moved += 2 * item * math.prod(op.result.type.shape)
     taps = sum((r1 - r0 + 1) * (c1 - c0 + 1) for _, _, r0, r1 in rows for _, _, c0, c1 in cols)
     moved += w.data.itemsize * w.type.shape[0] * w.type.shape[1] * (taps - k[0] * k[1])   # each region's weights
@@ -132,12 +137,13 @@ def _split(graph: Graph, op: IROp, rows: list, cols: list) -> None:
     x, w, rest = op.operands[0], op.operands[1], list(op.operands[2:])
     name = op.result.name
     strips = []
-    for i, (ya, yb, r0, r1) in enumerate(rows):
+    for i, (_, _, r0, r1) in enumerate(rows):
         parts = []
-        for j, (xa, xb, c0, c1) in enumerate(cols):
+        for j, (_, _, c0, c1) in enumerate(cols):
             tag = f"{name}_r{i}c{j}"
-            starts = [ya * s[0] - p[0] + r0 * d[0], xa * s[1] - p[1] + c0 * d[1]]
-            ends = [(yb - 1) * s[0] - p[0] + r1 * d[0] + 1, (xb - 1) * s[1] - p[1] + c1 * d[1] + 1]
+            (r_start, r_end), (c_start, c_end) = (input_span(rows[i], s[0], d[0], p[0]),
+                                                  input_span(cols[j], s[1], d[1], p[1]))
+            starts, ends = [r_start, c_start], [r_end, c_end]
             xs = x if starts == [0, 0] and ends == list(x.type.shape[2:]) else graph.create_op(
                 "Slice", [x], {"starts": starts, "ends": ends, "axes": [2, 3], "steps": [1, 1]},
                 name=tag + "_in", result_names=[tag + "_in"], before=op).result

@@ -80,9 +80,10 @@ def check_fp32(m, tmp_path: Path, request) -> None:
     art = build(m, "fp32", tmp_path / "fp32")
     print(f"{m.name}: fp32 compile {art.seconds:.1f} s")
     for f in m.feeds(EVAL_SAMPLES, seed=1):
-        ref = zoo.ort_run(m.path(), m.ort_feeds(f))
+        feeds = m.ort_feeds(f)
+        ref = zoo.ort_run(m.path(), feeds)
         err = max_rel_error(ref, art(f))
-        floor = rounding_floor(m, m.ort_feeds(f), ref)
+        floor = rounding_floor(m, feeds, ref)
         tol = max(FP32_TOL, FLOOR_MARGIN * floor)
         print(f"{m.name}: max error {err:.2e} * max|ref| (float32 floor of this input {floor:.1e})")
         assert err <= tol, f"{m.name}: fp32 max error {err:.2e} * max|ref| > {tol:.2g}"
