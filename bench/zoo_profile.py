@@ -46,7 +46,7 @@ def ours(m, dtype: str, path: Path) -> list[tuple[str, float]]:
     rows = []
     for members, name, _, ms in time_each_kernel(g, TargetSpec(family="x86", dtype="fp32" if dtype == "fp32" else "int8")):
         kinds = "+".join(op.kind for op in members)
-        rows.append((f"{name} [{kinds}] {tuple(members[-1].result.shape) if members[-1].results else ''}", ms))
+        rows.append((f"{name} [{kinds}] {tuple(members[-1].results[0].shape) if members[-1].results else ''}", ms))
     return sorted(rows, key=lambda kv: -kv[1])
 
 

@@ -311,7 +311,7 @@ class Lowering:
                 env[r] = t
             if op.kind in ANCHORS:
                 acc = outs[0]
-                ctx.block = getattr(acc, "block", 0) or ctx.block
+                ctx.block = ctx.block or getattr(acc, "block", 0)    # the block its schedule stores
                 ctx.anchor_acc = acc
         val = env[root]
         block = self._root_block(g, ctx, root)

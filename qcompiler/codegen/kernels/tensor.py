@@ -90,7 +90,8 @@ class LTensor:
 
 
 class Buf(LTensor):
-    """A stored tensor. ``block`` > 0 means NCHW{block}c storage of a rank-4 logical value."""
+    """A stored tensor. ``block`` > 0 means NCHW{block}c storage of a rank-4 logical value (the last
+    block may be padded past the channel count: an accumulator over padded output channels)."""
 
     def __init__(self, tensor: te.Tensor, shape, dtype: str, block: int = 0):
         self.tensor = tensor
@@ -100,7 +101,8 @@ class Buf(LTensor):
         self.phys_shape = tuple(int(d) for d in tensor.shape)
         if block:
             n, c, h, w = self.shape
-            assert c % block == 0 and self.phys_shape == (n, c // block, h, w, block), (self.shape, self.phys_shape)
+            # channels padded up to the block (an accumulator over padded output channels) are allowed
+            assert self.phys_shape == (n, -(-c // block), h, w, block), (self.shape, self.phys_shape)
         else:
             assert int(np.prod(self.phys_shape)) == int(np.prod(self.shape)), (self.shape, self.phys_shape)
 

@@ -36,7 +36,7 @@ import tvm
 from tvm import s_tir
 
 from ..intrin import ACC_SCOPE
-from . import threads
+from . import threads, write_back
 from .blocked_sum import split_sum
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def _nchwc(sch, name: str, vw: int, reg_n: int, pad: bool, n_red: int, unroll_la
         threads.parallel(sch, par)
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
-    _write_back(sch, vw)
+    _write_back(sch, vw, par)
     _vectorize_inner(sch, acc, 2)
     sch.vectorize(ki)
     sch.unroll(xi)
@@ -208,40 +208,12 @@ def _pays_alone(sch, loops) -> bool:
     return threads.pays_alone(math.prod(_extent(sch, lp) for lp in loops))
 
 
-def _write_back(sch, vw):
-    """The epilogue stage "out" (if any) joins the accumulator's write-back; an output laid out
-    differently from the accumulator cannot be inlined and gets its own parallel, vectorized nest."""
+def _write_back(sch, vw, at=None):
+    """The epilogue stage "out" (if any) joins the accumulator's write-back (:func:`.write_back.join`),
+    or, laid out so that it cannot, gets a parallel, vectorized nest of its own."""
     out = _block(sch, "out")
-    if out is not None:
-        if _covers_producers(sch, out):
-            try:
-                sch.reverse_compute_inline(out)
-                return
-            except Exception:  # noqa: BLE001 - TVM raises its own error types for an illegal inline
-                pass
+    if out is not None and not write_back.join(sch, out, at):
         _spatial_nest(sch, out, vw)
-
-
-def _covers_producers(sch, blk) -> bool:
-    """Whether ``blk`` has as many iterations as each buffer it reads from a producer block has
-    elements. Reverse-inlining a consumer that reads only part of its producer (an accumulator padded
-    to a register of 4 output channels, of which the output keeps 1: ``out[c] = f(acc[4c])``) is
-    wrong in TVM 0.27: it solves the producer's index for the consumer's ``c = 0`` and drops the
-    lane, so every padded lane's write-back stores into the same output element and the last one,
-    a padding channel, wins (a one-channel int8 conv head returned its bias alone)."""
-    n = 1
-    for iv in sch.get(blk).iter_vars:
-        n *= int(iv.dom.extent)
-    read = {r.source for r in sch.get(blk).reads}
-    for prod in sch.get_producers(blk):
-        for w in sch.get(prod).writes:
-            if w.source in read:
-                size = 1
-                for d in w.source.shape:
-                    size *= int(d)
-                if size != n:
-                    return False
-    return True
 
 
 def conv2d(sch, vw, reg_n, pad):
@@ -333,7 +305,7 @@ def conv2d_dot(sch, vw, reg_n, pad, lanes, intrin, span=False):
         _pack_nest(sch, vw, par)             # before tensorize: compute_at needs the plain consumer
     acc = sch.cache_write(blk, 0, ACC_SCOPE)
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
-    _write_back(sch, vw)
+    _write_back(sch, vw, par)
     _vectorize_inner(sch, acc, 2)
     sch.unroll(xi)
     sch.unroll(kio)          # ic stays a loop: its body is reg_n x kio dot products already, and
