@@ -15,7 +15,10 @@ separate evaluation feeds (``--eval`` samples, seed 1):
 * ONNX Runtime: the model as given (fp32), and ``quantize_static`` of it (QDQ, per-channel,
   MinMax; zoo.ort_quantize_static) on the same calibration feeds;
 * a model that arrives quantized (QDQ, e.g. smart-turn-v3.2): ours is its int8 build with its own
-  scales (fold-qdq, no calibration), ORT int8 is ORT running the file itself;
+  scales (fold-qdq, no calibration), ORT int8 is ORT running the file itself. Its fp32 row is our
+  float build of the file (every Q/DQ rounding done in float) beside that same ORT run, which is
+  integer arithmetic (ORT fuses the Q/DQ groups into QLinear kernels): not an fp32 comparison, so
+  the summary's fp32 geomean and worst leave these files out and show them on a line of their own;
 * ``--qdq``: also ``qcompile ORT_QDQ.onnx`` (fold-qdq on ORT's own QDQ file), timed beside ORT on
   that file, and its outputs' SQNR against ORT's on it (agreement, not accuracy);
 * int8 SQNR of each engine's int8 outputs against ONNX Runtime fp32 on the evaluation feeds
@@ -175,14 +178,20 @@ def summary(rows: list[dict]) -> list[str]:
     if not ok:
         return out
 
-    def gm(k):
-        return float(np.exp(np.mean([np.log(r[k]) for r in ok])))
+    def gm(k, over=ok):
+        return float(np.exp(np.mean([np.log(r[k]) for r in over])))
 
     int8 = "int8_ratio" in ok[0]                 # not with --fp32-only
     ratios = (("fp32_ratio", "fp32 ours/ORT"), ("int8_ratio", "int8 ours/ORT int8"), ("int8_vs_fp32", "int8/fp32 ours"))
+    floats = [r for r in ok if not r.get("prequantized")] or ok
     for k, label in ratios if int8 else ratios[:1]:
-        worst = max(ok, key=lambda r: r[k])
-        out.append(f"{label:<20} geomean {gm(k):5.2f}  worst {worst[k]:5.2f} ({worst['model']})")
+        over = floats if k == "fp32_ratio" else ok
+        worst = max(over, key=lambda r: r[k])
+        out.append(f"{label:<20} geomean {gm(k, over):5.2f}  worst {worst[k]:5.2f} ({worst['model']})")
+    pre = [r for r in ok if r.get("prequantized")]
+    if pre and len(pre) < len(ok):
+        out.append(f"{'fp32, left out':<20} " + ", ".join(f"{r['model']} {r['fp32_ratio']:.2f}" for r in pre)
+                   + " (pre-quantized: our float build of the file beside ORT's integer run of it)")
     if not int8:
         return out
     calibrated = [r for r in ok if not r.get("prequantized")] or ok    # a QDQ file: ORT's SQNR is inf
