@@ -183,7 +183,7 @@ def summary(rows: list[dict]) -> list[str]:
 
     int8 = "int8_ratio" in ok[0]                 # not with --fp32-only
     ratios = (("fp32_ratio", "fp32 ours/ORT"), ("int8_ratio", "int8 ours/ORT int8"), ("int8_vs_fp32", "int8/fp32 ours"))
-    floats = [r for r in ok if not r.get("prequantized")] or ok
+    floats = [r for r in ok if not r.get("prequantized")] or ok     # not a QDQ file: ORT ran it in fp32
     for k, label in ratios if int8 else ratios[:1]:
         over = floats if k == "fp32_ratio" else ok
         worst = max(over, key=lambda r: r[k])
@@ -194,9 +194,8 @@ def summary(rows: list[dict]) -> list[str]:
                    + " (pre-quantized: our float build of the file beside ORT's integer run of it)")
     if not int8:
         return out
-    calibrated = [r for r in ok if not r.get("prequantized")] or ok    # a QDQ file: ORT's SQNR is inf
-    margin = min(calibrated, key=lambda r: r["ours_int8_db"] - r["ort_int8_db"])
-    below = [r["model"] for r in calibrated if r["ours_int8_db"] < r["ort_int8_db"]]
+    margin = min(floats, key=lambda r: r["ours_int8_db"] - r["ort_int8_db"])     # a QDQ file's ORT SQNR is inf
+    below = [r["model"] for r in floats if r["ours_int8_db"] < r["ort_int8_db"]]
     out.append(f"{'int8 SQNR ours-ORT':<20} worst {margin['ours_int8_db'] - margin['ort_int8_db']:+5.1f} dB "
                f"({margin['model']}); below ORT: {len(below)} {below if below else ''}")
     qd = [r for r in ok if "qdq_ratio" in r]

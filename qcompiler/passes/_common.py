@@ -3,7 +3,8 @@
 * use checks: :func:`is_output`, :func:`single_use`, :func:`can_forward`;
 * :func:`pass_options`: a pass's typed options from the :class:`PassContext`; :func:`quantize_option`
   and :func:`quantize_calib`: the quantize pass's, for the passes that prepare a model for it;
-* :func:`both_orders`: the two rewrite rules for a commutative op, ``kind(a, b)`` and ``kind(b, a)``.
+* :func:`both_orders`: the two rewrite rules for a commutative op, ``kind(a, b)`` and ``kind(b, a)``;
+* :data:`CONVS`: the convolution kinds (ONNX ``Conv`` and our ``FusedConv``) the passes rewrite alike.
 
 A new op's attributes spelled out from the registry's defaults: :func:`qcompiler.ir.ops.full_attrs`;
 the activation vocabulary (``activation_of``, ``make_activation``): :mod:`qcompiler.ir.activations`.
@@ -16,6 +17,8 @@ from typing import TypeVar
 from ..ir.graph import Value
 
 T = TypeVar("T")
+
+CONVS = ("Conv", "FusedConv")
 
 
 def is_output(v: Value) -> bool:

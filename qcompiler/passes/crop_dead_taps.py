@@ -41,9 +41,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Op as IROp
 from ..ir.ops import full_attrs, infer_types
+from ._common import CONVS
 from .manager import PassContext, register_pass
 
-CONVS = ("Conv", "FusedConv")
 
 
 def row_taps(size: int, out: int, kernel: int, stride: int, dilation: int, pad_begin: int) -> list[tuple[int, int] | None]:

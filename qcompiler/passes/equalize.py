@@ -77,10 +77,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import full_attrs
-from ._common import is_output, pass_options, single_use
+from ._common import CONVS, is_output, pass_options, single_use
 from .manager import PassContext, register_pass
 
-CONVS = ("Conv", "FusedConv")
 GEMMS = ("Gemm", "FusedGemm")
 SCALE_FREE_ACTS = ("", "Relu", "LeakyRelu")               # f(s·x) = s·f(x) for s > 0
 THROUGH = ("Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",

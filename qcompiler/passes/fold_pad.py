@@ -73,11 +73,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Op as IROp
 from ..ir.ops import full_attrs, infer_types
-from ._common import is_output, pass_options
+from ._common import CONVS, is_output, pass_options
 from .manager import PassContext, register_pass
 from .rewrite import Any, Op, match
-
-CONVS = ("Conv", "FusedConv")
 
 
 @dataclass(frozen=True)

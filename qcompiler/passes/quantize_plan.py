@@ -20,12 +20,11 @@ from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
 from ..ir.quant_ops import QUANT_ACTIVATIONS
 from ..quant import qparams as qpm
-from ._common import single_use
+from ._common import CONVS, single_use
 
 if TYPE_CHECKING:
     from .quantize import QuantizeOptions
 
-CONVS = ("Conv", "FusedConv")
 GEMMS = ("Gemm", "FusedGemm", "MatMul")
 KEEP_PARAMS = ("MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
                "Slice", "Pad", "Relu", "Clip", "Identity")

@@ -61,11 +61,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.graph import Graph, Op as IROp
-from ._common import is_output, pass_options
+from ._common import CONVS, is_output, pass_options
 from .crop_dead_taps import conv_window, row_taps
 from .manager import PassContext, register_pass
 
-CONVS = ("Conv", "FusedConv")
 MACS_PER_BYTE = 10
 """Multiply-adds a fp32 conv kernel does in the time a copy moves one byte: ~100 GMAC/s against
 ~10 GB/s on two AVX-512 cores (ResNet-50's 4.1 GMAC in ~40 ms; a Slice or Concat kernel streams
