@@ -16,8 +16,8 @@ Quantization Through Weight Equalization and Bias Correction*, ICCV 2019, §5, t
 x̄ is the layer input averaged over the calibration data (spatial positions kept, so taps reading the
 zero padding count as 0). Rounding the weights shifts each output channel's mean by that amount,
 and the later layers amplify the shift; the correction removes it in expectation. It is kept only
-where it lowers the error of the graph outputs on the calibration data (both versions run by the
-reference interpreter; :func:`~.quantize_bias.bias_correction_helps`: it cost uspsnet 0.11 dB), recorded in
+where it lowers the error of the graph outputs on the calibration data (both versions run by
+onnxruntime as their QDQ export; :func:`~.quantize_bias.bias_correction_helps`: it cost uspsnet 0.11 dB), recorded in
 ``graph.meta["quant"]["scheme"]["bias_correction"]``. The float graph itself is not changed (unlike the ``bias-correct`` pass, whose helpers this reuses). Steps:
 
 1. prepare: what an integer kernel cannot fuse is split off: FusedConv(X, W, B, Z) becomes

@@ -16,7 +16,7 @@ Feeds whose leading dimension differs from the model's batch B are split into ru
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -51,24 +51,43 @@ def observe(graph: Any, dataset: Iterable[Feed], values: list[str],
             make: Callable[[str], Observer], *, quiet: bool = True) -> dict[str, Observer]:
     """Like :func:`collect_ranges`, but with an observer per value from ``make(name)``; returns
     the observers (histograms and all)."""
-    import onnxruntime as ort
-
     model, types, consts = _model_and_types(graph)
+    observers = {name: make(name) for name in dict.fromkeys(values)}
+    run_names = []
+    for name in observers:
+        if name in consts:
+            observers[name].update(consts[name]())
+        else:
+            run_names.append(name)
+    for _, vals in _runs(model, types, dataset, run_names, quiet, "calibrate"):
+        for name, a in vals.items():
+            observers[name].update(a)
+    return observers
+
+
+def float_runs(graph: Any, dataset: Iterable[Feed], values: list[str], *, quiet: bool = True,
+               desc: str = "calibrate") -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """The values named (non-constant floating-point values of ``graph``, or its inputs) on each
+    run of the float model over ``dataset``: ``(i, {name: array})`` per run, ``i`` the index of
+    the dataset item (a feed is cut into runs of the model's static batch). One onnxruntime
+    session (``graph`` exported to ONNX, every op as written: see :func:`ort_session`) serves all."""
+    model, types, _ = _model_and_types(graph)
+    return _runs(model, types, dataset, values, quiet, desc)
+
+
+def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: list[str], quiet: bool,
+          desc: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = [i for i in g.input if i.name not in inits]
     outputs = {o.name for o in g.output}
-    observers = {name: make(name) for name in dict.fromkeys(values)}
-
     fetch: list[str] = []
     from_feed: list[str] = []
-    for name in observers:
-        if name in consts:
-            observers[name].update(consts[name]())
-            continue
+    for name in dict.fromkeys(values):
         elem = types.get(name)
-        if elem is None:
-            raise ValueError(f"no value named %{name} in the graph")
+        if elem is None or name in inits:
+            raise ValueError(f"no value named %{name} in the graph" if elem is None else
+                             f"%{name} is a constant, not a value a run computes")
         if elem[0] not in _FLOAT_TYPES:
             raise ValueError(f"value %{name} is {onnx.TensorProto.DataType.Name(elem[0])}, not floating point: "
                              "only float values have ranges to calibrate")
@@ -78,24 +97,26 @@ def observe(graph: Any, dataset: Iterable[Feed], values: list[str],
         if name not in outputs:
             g.output.append(helper.make_tensor_value_info(name, elem[0], elem[1]))
         fetch.append(name)
+    sess = ort_session(model)
+    batch = model_batch(inputs)
+    total = len(dataset) if hasattr(dataset, "__len__") else None   # type: ignore[arg-type]
+    for i, feed in enumerate(progress(dataset, total, desc, quiet=quiet)):
+        for run in batch_runs(feed, [x.name for x in inputs], batch):
+            outs = sess.run(fetch, run) if fetch else []
+            yield i, {**dict(zip(fetch, outs)), **{name: run[name] for name in from_feed}}
 
+
+def ort_session(model: onnx.ModelProto):
+    """An onnxruntime CPU session that runs ``model`` as written, op by op: ORT's fusions
+    (Conv+Add, ...) change the float rounding, and which of them apply depends on the values
+    fetched, so the ranges would depend on which values a build asks for (a --keep-float build and
+    the selection that scored it differed by an ulp). On a QDQ model no integer fusion applies
+    either: each DequantizeLinear -> float op -> QuantizeLinear runs as written."""
+    import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 4       # fatal only
-    # the graph as written, op by op: ORT's fusions (Conv+Add, ...) change the float rounding, and
-    # which of them apply depends on the values fetched here, so the ranges would depend on which
-    # values a build asks for (a --keep-float build and the selection that scored it differed by an ulp)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    batch = _model_batch(inputs)
-    total = len(dataset) if hasattr(dataset, "__len__") else None   # type: ignore[arg-type]
-    for feed in progress(dataset, total, "calibrate", quiet=quiet):
-        for run in _split(feed, [i.name for i in inputs], batch):
-            outs = sess.run(fetch, run) if fetch else []
-            for name, a in zip(fetch, outs):
-                observers[name].update(a)
-            for name in from_feed:
-                observers[name].update(run[name])
-    return observers
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -133,7 +154,7 @@ _ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
          "float64": onnx.TensorProto.DOUBLE, "bfloat16": onnx.TensorProto.BFLOAT16}
 
 
-def _model_batch(inputs) -> int | None:
+def model_batch(inputs) -> int | None:
     """The static leading dimension shared by the model inputs, or None (dynamic/none)."""
     dims = set()
     for i in inputs:
@@ -142,7 +163,7 @@ def _model_batch(inputs) -> int | None:
     return dims.pop() if len(dims) == 1 else None
 
 
-def _split(feed: Feed, names: list[str], batch: int | None) -> Iterable[dict[str, np.ndarray]]:
+def batch_runs(feed: Feed, names: list[str], batch: int | None) -> Iterable[dict[str, np.ndarray]]:
     """The feed cut into runs of ``batch`` samples (the model's static batch)."""
     missing = [n for n in names if n not in feed]
     if missing:
