@@ -172,7 +172,7 @@ def plan(graph: Graph, opts, req: BudgetOptions, *, calib_data=None, eval_data=N
             src = random_dataset(graph.inputs, min(req.sensitivity_samples, opts.random_samples))
         data, where = samples(src, req.sensitivity_samples), "calibration data"
     n = len(next(iter(data[0][0].values())))
-    log(f"sensitivity: one calibration of every activation, then per layer set a reference run of {n} samples")
+    log(f"sensitivity: one calibration of every activation, then per layer set one run of {n} samples (onnxruntime, QDQ)")
     sens = Sensitivity(graph, opts, data, metric=metric, log=log)
     cands = [c for c in sens.candidates if c not in forced]
     base = sens.scores(frozenset())

@@ -3,8 +3,12 @@
 For every *quantizable layer* -- an op the ``quantize`` plan turns into an integer op with its own
 quantization point (QLinearConv/Gemm/Add/Mul/pooling, Concat; read from the plan's
 ``layers`` record, not from a list of kinds) -- two measurements against the fp32 model on a
-bounded set of samples (default 64), both run by the reference interpreter
-(:mod:`qcompiler.quant.reference`, the oracle the compiled kernels match bit for bit):
+bounded set of samples (default 64), both run by onnxruntime on the variant's QDQ export
+(:func:`~qcompiler.passes.quantize_bias.variant_runner`: each float op between DequantizeLinear and
+QuantizeLinear, within one step of the integer kernels where a float32 sum lands near a rounding
+tie), or with ``exact=True`` by the reference interpreter (:mod:`qcompiler.quant.reference`, the
+oracle the compiled kernels match bit for bit; 20-60x slower: an EfficientNet-B0's table of 32
+samples did not finish in 15 minutes):
 
 (a) **only this layer int8**, every other layer float: the damage the layer does by itself
     (``None`` for ops that are integer only behind a quantized operand: Add, Mul, pools, Concat);
@@ -25,8 +29,8 @@ than through the Hessian trace (Dong et al., HAWQ, ICCV 2019), which needs gradi
 Cost: ONE calibration of the whole graph (every float activation observed in the same pass, so
 the range of any value some mixed plan needs is known: ``QuantizeOptions.ranges``), ONE average
 of the Conv/Gemm inputs for the empirical bias correction (used where the all-int8 build keeps
-it), then per layer set only the cheap rewrite (plan, params, integer weights) and one reference
-run of the samples. The fp32 outputs are computed once. So the table costs about 2 n + 1 model
+it), then per layer set only the cheap rewrite (plan, params, integer weights) and one run of
+the samples. The fp32 outputs are computed once. So the table costs about 2 n + 1 model
 runs for n layers, and the greedy selection (:mod:`qcompiler.plan.select`) re-uses the same
 :meth:`Sensitivity.scores` (memoized per float set).
 
@@ -157,12 +161,13 @@ class Sensitivity:
     """
 
     def __init__(self, graph: Graph, opts, data: list[Sample], *, metric: Metric | None = None,
-                 ranges: dict | None = None, log: Callable[[str], None] | None = None):
+                 ranges: dict | None = None, log: Callable[[str], None] | None = None, exact: bool = False):
         self.opts, self.metric, self.log = opts, metric, log or (lambda m: None)
         self.graph = prepare(graph, opts)
         self.data = data
+        self.exact = exact
         self.ranges = dict(ranges) if ranges is not None else calibrate_all(self.graph, opts)
-        self.ref = [reference.run(self.graph, feed) for feed, _ in data]
+        self.ref = self._outputs(self.graph) if not exact else [reference.run(self.graph, feed) for feed, _ in data]
         plan = quantize_plan.plan(self.graph, replace(opts, ranges=self.ranges))
         self.means: dict = {}
         self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
@@ -176,7 +181,7 @@ class Sensitivity:
                 self.means = means if keep else {}
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())
-        self._base = (_signatures(g), [reference.run_values(g, feed) for feed, _ in data])
+        self._base = (_signatures(g), [reference.run_values(g, feed) for feed, _ in data]) if exact else ({}, [])
         self._all_int8 = self._base
         self._parent: frozenset = frozenset()       # the float set whose run _base holds
         self._wanted: dict[frozenset, int] = {}      # how often a set would have been the better base
@@ -206,15 +211,22 @@ class Sensitivity:
         """Scores of the build with ``float_set`` float (memoized)."""
         key = frozenset(float_set)
         if key not in self._cache:
-            self._choose_base(key)
+            if self.exact:
+                self._choose_base(key)
             g, layers = self.quantized(key)
             self._int8_alone[key] = layers
-            outs: list[list[np.ndarray]] = [self._run(g, i) for i in range(len(self.data))]
+            outs = [self._run(g, i) for i in range(len(self.data))] if self.exact else self._outputs(g)
             self._cache[key] = self._combine(outs)
             self._per_sample[key] = self._split(outs)
             self.evaluations += 1
             report("evaluate layer sets", self.evaluations)
         return self._cache[key]
+
+    def _outputs(self, g: Graph) -> list[list[np.ndarray]]:
+        """The outputs of ``g`` on each sample set, run by onnxruntime
+        (:func:`~qcompiler.passes.quantize_bias.variant_runner`: a quantized graph as its QDQ
+        export, within one step of the integer kernels at rounding ties)."""
+        return quantize_bias.variant_runner(g)([feed for feed, _ in self.data])
 
     def _choose_base(self, key: frozenset) -> None:
         """Which run :meth:`_run` takes unchanged ops from: the all-int8 one, or that of the largest
