@@ -70,6 +70,7 @@ After::
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -226,50 +227,35 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
     feeds: 22 s in the reference, 3 s). A graph ONNX cannot hold (or onnxruntime cannot run)
     falls back to the reference."""
     want = list(dict.fromkeys([op.operands[0].name for op in layers] + [v.name for v in graph.outputs]))
-    sums: dict[str, np.ndarray] = {}
-    count = [0]
-    parts: dict[int, list[dict]] = {}          # the runs of the feed being read (a feed cut at the batch)
 
-    def add(vals: dict) -> None:
-        for op in layers:
-            x = np.asarray(vals[op.operands[0].name], np.float64)
-            sums[op.name] = sums.get(op.name, 0.0) + x.sum(axis=0, keepdims=True)
-        count[0] += len(vals[layers[0].operands[0].name]) if layers else 0
-
-    def flush() -> None:
-        for runs in parts.values():
+    def average(per_feed) -> tuple[dict[str, np.ndarray], list]:
+        sums: dict[str, np.ndarray] = {}
+        n, outs = 0, []
+        for vals in per_feed:
+            for op in layers:
+                x = np.asarray(vals[op.operands[0].name], np.float64)
+                sums[op.name] = sums.get(op.name, 0.0) + x.sum(axis=0, keepdims=True)
+            n += len(vals[layers[0].operands[0].name]) if layers else 0
             if outputs is not None:
-                outputs.append([runs[0][v.name] if len(runs) == 1 else
-                                np.concatenate([r[v.name] for r in runs]) for v in graph.outputs])
-        parts.clear()
+                outs.append([vals[v.name] for v in graph.outputs])
+        return {k: v / max(n, 1) for k, v in sums.items()}, outs
 
     try:
-        runs = float_runs(graph, calib, want)
-    except Exception:  # noqa: BLE001 - a graph ONNX cannot hold: the reference computes the same
-        runs = None
-    if runs is not None:
-        try:
-            for i, vals in runs:
-                if i not in parts:
-                    flush()
-                parts.setdefault(i, []).append({v.name: vals[v.name] for v in graph.outputs})
-                add(vals)
-        except Exception:  # noqa: BLE001 - onnxruntime cannot run it: start over in the reference
-            runs = None
-            sums.clear()
-            parts.clear()
-            count[0] = 0
-            if outputs is not None:
-                del outputs[:]
-    if runs is None:
+        means, outs = average(_feed_values(graph, calib, want))
+    except Exception:  # noqa: BLE001 - a graph ONNX cannot hold or onnxruntime cannot run: the reference
         from ..quant import reference
-        for feeds in calib:
-            vals = reference.run_values(graph, feeds)
-            add(vals)
-            parts[0] = [vals]
-            flush()
-    flush()
-    return {k: v / max(count[0], 1) for k, v in sums.items()}
+        means, outs = average(reference.run_values(graph, feeds) for feeds in calib)
+    if outputs is not None:
+        outputs.extend(outs)
+    return means
+
+
+def _feed_values(graph: Graph, calib, names: list[str]):
+    """Per calibration feed, the named float values from onnxruntime (:func:`float_runs`; the
+    runs a feed was cut into at the model's batch joined again)."""
+    for _, group in itertools.groupby(float_runs(graph, calib, names), key=lambda run: run[0]):
+        runs = [vals for _, vals in group]
+        yield runs[0] if len(runs) == 1 else {k: np.concatenate([r[k] for r in runs]) for k in names}
 
 
 def empirical_error(op: Op, eps: np.ndarray, xbar: np.ndarray) -> np.ndarray:

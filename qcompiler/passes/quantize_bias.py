@@ -16,6 +16,8 @@ import numpy as np
 from ..ir.graph import Graph
 from ..ir.interp import EvalError
 from ..quant import reference
+from ..quant.calibrate import batch_runs, model_batch, ort_session
+from ..quant.qparams import sqnr_from_energies
 from .bias_correct import mean_inputs
 from .quantize_plan import CONVS, GEMMS, Plan, activation_qparams, plan
 from .quantize_rewrite import Rewriter
@@ -89,7 +91,7 @@ def bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means
         i += len(group)
         if total is not None and sign_settled(diffs, total):
             break
-    db = {k: _db(signal, n) for k, n in noise.items()}
+    db = {k: sqnr_from_energies(signal, n) for k, n in noise.items()}
     return noise["with"] < noise["without"], db["with"], db["without"]
 
 
@@ -98,13 +100,6 @@ def _sum_sq(a: np.ndarray, ref: np.ndarray | None = None) -> float:
     d = np.asarray(a, np.float64) if ref is None else np.subtract(a, ref, dtype=np.float64)
     d = d.ravel()
     return float(d @ d)
-
-
-def _db(signal: float, noise: float) -> float:
-    """10·log10(signal / noise), as :func:`~qcompiler.quant.qparams.sqnr_db` of the sums."""
-    if noise == 0.0:
-        return float("inf")
-    return float("-inf") if signal == 0.0 else 10.0 * float(np.log10(signal / noise))
 
 
 def variant_runner(g: Graph) -> Callable[[list[dict]], list[list[np.ndarray]]]:
@@ -119,7 +114,6 @@ def variant_runner(g: Graph) -> Callable[[list[dict]], list[list[np.ndarray]]]:
     that such ties could flip is a choice between two equally good ones. A graph that has no QDQ
     form, or that onnxruntime refuses, runs in the reference (:func:`_run_feeds`)."""
     from ..frontend.qdq_export import export_qdq
-    from ..quant.calibrate import batch_runs, model_batch, ort_session
     try:
         model = export_qdq(g)
         sess = ort_session(model)

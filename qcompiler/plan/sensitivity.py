@@ -52,6 +52,7 @@ from ..ir.types import dequantize
 from ..passes import quantize_bias, quantize_plan, quantize_rewrite
 from ..progress import report
 from ..quant import reference
+from ..quant.qparams import sqnr_from_energies
 from .report import EvalData, chunks
 
 Metric = Callable[[list[np.ndarray]], float]
@@ -132,8 +133,7 @@ def output_scores(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels: 
     r = np.concatenate([np.asarray(a, np.float64).ravel() for a in ref])
     y = np.concatenate([np.asarray(a, np.float64).ravel() for a in got])
     noise = float(np.sum((y - r) ** 2))
-    sig = float(np.sum(r ** 2))
-    sqnr = math.inf if noise == 0 else (-math.inf if sig == 0 else 10 * math.log10(sig / noise))
+    sqnr = sqnr_from_energies(float(np.sum(r ** 2)), noise)
     kls = []
     for a, b in zip(ref, got):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

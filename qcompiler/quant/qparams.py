@@ -137,8 +137,12 @@ def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
     test = np.asarray(test, np.float64)
     if ref.shape != test.shape:
         raise ValueError(f"shapes differ: {ref.shape} vs {test.shape}")
-    noise = float(np.sum((ref - test) ** 2))
-    signal = float(np.sum(ref ** 2))
+    return sqnr_from_energies(float(np.sum(ref ** 2)), float(np.sum((ref - test) ** 2)))
+
+
+def sqnr_from_energies(signal: float, noise: float) -> float:
+    """10*log10(signal / noise) in dB from the summed energies Σ ref² and Σ (ref - test)²: inf when
+    the noise is 0, -inf when the signal is (sums kept over many runs give a dataset's SQNR)."""
     if noise == 0.0:
         return float("inf")
     if signal == 0.0:
