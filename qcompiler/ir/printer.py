@@ -117,8 +117,27 @@ def print_graph(g: Graph, *, locs: bool = True, elide: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _copy_attr(a):
+    """A copy of an attribute value as deep as ``copy.deepcopy`` makes it (lists, dicts and arrays
+    copied, scalars shared), without its memo: attributes are trees (per-channel multiplier lists
+    of hundreds of ints), and deepcopy took most of a clone's time."""
+    if isinstance(a, _SCALARS):
+        return a
+    if isinstance(a, list):
+        return [x if isinstance(x, _SCALARS) else _copy_attr(x) for x in a]
+    if isinstance(a, tuple):
+        return a if all(isinstance(x, _SCALARS) for x in a) else tuple(_copy_attr(x) for x in a)
+    if isinstance(a, dict):
+        return {k: _copy_attr(x) for k, x in a.items()}
+    import copy
+    return copy.deepcopy(a)
+
+
 def clone_graph(g: Graph) -> Graph:
-    """Copy the structure of ``g`` (constant arrays shared, attributes copied shallowly)."""
+    """Copy the structure of ``g`` (constant arrays shared, attributes copied)."""
     import copy
     out = Graph(g.name)
     out.meta = copy.deepcopy(g.meta)
@@ -131,7 +150,7 @@ def clone_graph(g: Graph) -> Graph:
         out.consts[c.name] = c
         m[id(v)] = c
     for op in g.ops:
-        new = out.create_op(op.kind, [m[id(v)] for v in op.operands], copy.deepcopy(op.attrs),
+        new = out.create_op(op.kind, [m[id(v)] for v in op.operands], {k: _copy_attr(a) for k, a in op.attrs.items()},
                             result_types=[r.type for r in op.results], name=op.name,
                             result_names=[r.name for r in op.results])
         for r, nr in zip(op.results, new.results):

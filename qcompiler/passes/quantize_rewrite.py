@@ -5,6 +5,11 @@ QuantizeLinear/DequantizeLinear at the float boundaries, and records each layer 
 
     rw = Rewriter(graph, plan, P, ranges, opts, means)
     rw.run()                               # rw.layers: name -> kind, precision, params, range
+
+``weights``: a dict shared by the rewrites of clones of one graph with the same options and means
+(the mixed-precision variants of :class:`~qcompiler.plan.sensitivity.Sensitivity`): a conv/gemm's
+integer weight, bias and multipliers depend only on the op, its input and output params and the
+means, so they are computed once per (op, params), not once per variant.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the p
 
 class Rewriter:
     def __init__(self, graph: Graph, plan: Plan, P: dict, ranges: dict, opts: QuantizeOptions,
-                 means: dict | None = None):
+                 means: dict | None = None, weights: dict | None = None):
         self.g, self.p, self.P, self.ranges, self.opts = graph, plan, P, ranges, opts
+        self.weights = weights                      # a cache shared by rewrites of one graph's clones (see linear)
         self.means = means or {}                    # Conv/Gemm name -> its input averaged over the calibration data
         self.qv: dict[Value, Value] = {}            # float value (or its DequantizeLinear) -> quantized
         self.dqs: list[Op] = []
@@ -148,6 +154,25 @@ class Rewriter:
     def linear(self, op: Op, info: dict) -> tuple[str, list[Value], dict]:
         """QLinearConv / QLinearGemm operands: quantized input, int8 weight, int32 bias."""
         x = self.qval(op.operands[0], op)
+        qo = None if op in self.p.float_out else self.P[self.p.out[op]]
+        key = (op.name, x.type.quant, qo, op.name in self.means)
+        parts = self.weights.get(key) if self.weights is not None else None
+        if parts is None:
+            parts = self._linear_parts(op, x.type.quant, qo)
+            if self.weights is not None:
+                self.weights[key] = parts
+        kind, attrs, (w_q, wqp), bias, extra = parts
+        operands = [x, self.g.add_const(w_q, op.operands[1].name + "_q", quant=wqp)]
+        if bias is not None:
+            bname = op.operands[2].name if len(op.operands) >= 3 else op.name + "_bias"
+            operands.append(self.g.add_const(bias[0], bname + "_q", quant=bias[1]))
+        info.update({k: dict(v) if isinstance(v, dict) else v for k, v in extra.items()})
+        return kind, operands, dict(attrs)
+
+    def _linear_parts(self, op: Op, xqp: QuantParams, qo: QuantParams | None):
+        """(kind, attrs, (int8 weight, its params), (int32 bias, its params) or None, report info)
+        of a conv/gemm with input params ``xqp`` and output params ``qo`` (None: float result)."""
+        info: dict[str, Any] = {}
         if op.kind in CONVS:
             kind = "QLinearConv"
             attrs = {k: op.attrs[k] for k in ("strides", "dilations", "pads", "group") if k in op.attrs}
@@ -163,24 +188,22 @@ class Rewriter:
             b = ((np.zeros(w.shape[0]) if b is None else b.astype(np.float64)) - err).astype(np.float32)
             info["bias_correction"] = float(np.max(np.abs(err)))
         if b is not None:
-            wqp, widened = _fit_bias(wqp, x.type.quant.scale[0], b)
+            wqp, widened = _fit_bias(wqp, xqp.scale[0], b)
             if widened:
                 info["bias_widened_channels"] = widened
-        wname = op.operands[1].name
-        operands = [x, self.g.add_const(quantize(w, wqp), wname + "_q", quant=wqp)]
+        bias = None
         if b is not None:
-            bqp = qpm.bias_params(x.type.quant, wqp)
-            bname = op.operands[2].name if len(op.operands) >= 3 else op.name + "_bias"
-            operands.append(self.g.add_const(quantize(b, bqp), bname + "_q", quant=bqp))
-        if op in self.p.float_out:                              # float32 result: f32(acc) * s_x s_w
+            bqp = qpm.bias_params(xqp, wqp)
+            bias = (quantize(b, bqp), bqp)
+        if qo is None:                                          # float32 result: f32(acc) * s_x s_w
             attrs.update(multiplier=[], shift=[])
         else:
-            ms, ss = conv_multipliers(x.type.quant.scale[0], wqp.scale, self.P[self.p.out[op]].scale[0])
+            ms, ss = conv_multipliers(xqp.scale[0], wqp.scale, qo.scale[0])
             attrs.update(multiplier=ms, shift=ss)
-        info["input"] = qp_summary(x.type.quant)
+        info["input"] = qp_summary(xqp)
         info["weight"] = {"per_channel": wqp.per_channel, "channels": int(w.shape[0]),
                           "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}
-        return kind, operands, attrs
+        return kind, attrs, (quantize(w, wqp), wqp), bias, info
 
     def concat(self, op: Op) -> None:
         qo = self.P[op.result]

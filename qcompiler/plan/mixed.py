@@ -56,7 +56,7 @@ class BudgetOptions:
     confidence: float = 0.95               # the budget holds at this bootstrap lower bound; 0: point estimate
     layer_costs: Literal["measure", "model", "off"] = "measure"   # the latency-aware selection's per-layer times
     shortlist: int | None = 8
-    max_evaluations: int | None = None     # None: 2 per candidate layer + 40 (each search)
+    max_evaluations: int | None = None     # None: one per candidate layer + 40, both searches together
 
     @property
     def budgeted(self) -> bool:
@@ -144,7 +144,7 @@ def plan(graph: Graph, opts, req: BudgetOptions, *, calib_data=None, eval_data=N
     quantize pass, prepared here in place like the pass would). ``calib_data``/``eval_data``:
     where to measure (a Dataset / EvalData); ``select_data`` (EvalData, :meth:`qcompiler.driver.CalibSource.selection`):
     where ``--min-sqnr`` and ``--sensitivity`` are measured instead of the first calibration samples."""
-    from .select import select_float_layers
+    from .select import Memo, select_float_layers
     from .sensitivity import Sensitivity, samples
     req.check()
     forced = set(req.force_int8)
@@ -184,8 +184,9 @@ def plan(graph: Graph, opts, req: BudgetOptions, *, calib_data=None, eval_data=N
         point, evaluate, criterion = _criterion(sens, accuracy, req.confidence, n)
         unit = "points" if accuracy else "dB"
         prior = ([r["layer"] for r in parts["sensitivity"]["rows"]] if "sensitivity" in parts else sens.prior())
-        cap = req.max_evaluations if req.max_evaluations is not None else 2 * len(cands) + 40
-        kw = dict(shortlist=req.shortlist, prior=prior, unit=unit, groups=sens.groups(), max_evaluations=cap)
+        cap = req.max_evaluations if req.max_evaluations is not None else len(cands) + 40
+        kw = dict(shortlist=req.shortlist, prior=prior, unit=unit, groups=sens.groups(), max_evaluations=cap,
+                  memo=Memo())                     # the cap bounds both searches together
         sel = select_float_layers(evaluate, cands, req.budget, **kw)          # accuracy only
         alternatives = {}
         if cost is not None:

@@ -22,7 +22,17 @@ trace), from ONE static ranking. We improve it in four ways:
    step per float layer), repeating both until nothing changes;
 4. **latency** (``cost``): among moves that meet the budget, or that come equally close to it
    (scores within ``tie``), the cheaper wins; a final exchange step swaps a float layer for another
-   when the budget still holds and the model gets faster (same size, lower cost).
+   when the budget still holds and the model gets faster (same size, lower cost);
+5. **reach** (under an evaluation cap, ``max_evaluations``): the greedy adds one layer per about K
+   evaluations, so a budget far above plain int8 (an EfficientNet-B0 at 4 dB asked for 30 dB needs
+   over 80 float layers) would spend the cap long before it meets the budget. One evaluation tells:
+   if the first k = left / 2K layers of ``prior`` kept float do not meet the budget, the greedy
+   cannot afford it; then every candidate float is checked (unreachable: that set, said so), the
+   shortest prefix of ``prior`` that meets the budget is found by bisection (log2 n evaluations;
+   Polygraphy's ``debug precision`` bisects layers toward higher precision the same way), and a
+   backward elimination (first fit, least promising first: |S| evaluations) drops the prefix's
+   layers the budget does not need. Exchange and cost swaps, |S|·K evaluations each, are left
+   out for sets that large.
 
 Contract (what callers, e.g. the latency-aware benchmark, can rely on)::
 
@@ -35,6 +45,9 @@ Contract (what callers, e.g. the latency-aware benchmark, can rely on)::
   distinct set (memoized here); it must be deterministic.
 * ``candidates``: layer names that may become float (order only breaks ties); ``prior``: an
   optional most-promising-first ordering of them (used with ``shortlist``).
+* ``max_evaluations`` (optional): at most about this many distinct sets are evaluated (the
+  reasons' marginal gains may take a few more); ``memo`` (a :class:`Memo`) shares the measured sets,
+  and the cap, with another search over the same ``evaluate``.
 * ``cost(S) -> float`` (optional): the latency in ms of the build with ``S`` float (conversions at
   island boundaries included by the caller); lower is better. ``None``: the smallest set with the
   best score (accuracy-only greedy). The set size is minimized first (prune, exchange); ``cost``
@@ -109,6 +122,8 @@ class Selection:
     def reasons(self) -> dict[str, str]:
         """Why each float layer is float: its marginal gain for the budget."""
         unit = " points" if self.unit == "points" else " " + self.unit
+        if not self.met and not self.gains:
+            return {n: "budget: not met even with every candidate float (the best score)" for n in self.float_layers}
         return {n: f"budget: +{self.gains[n]:.2f}{unit}" if math.isfinite(self.gains.get(n, math.nan))
                 else "budget: needed (its removal breaks the budget)" for n in self.float_layers}
 
@@ -125,14 +140,24 @@ class Selection:
                    if self.cost is not None else {})}
 
 
+@dataclass
+class Memo:
+    """The sets measured so far (scores, and ``confirm`` scores), shared by the searches of one
+    selection over the same ``evaluate`` (the accuracy-only and the latency-aware one): a set is
+    evaluated once, and ``max_evaluations`` bounds the evaluations of all of them together."""
+    scores: dict = field(default_factory=dict)
+    confirmed: dict = field(default_factory=dict)
+
+
 class _Search:
     def __init__(self, evaluate: Evaluate, cost: Cost | None, budget: float, tie: float, max_evaluations,
-                 confirm: Evaluate | None = None):
+                 confirm: Evaluate | None = None, memo: Memo | None = None):
         self._evaluate, self._cost, self.budget, self.tie = evaluate, cost, budget, tie
         self._confirm = confirm
         self.max_evaluations = max_evaluations
-        self.scores: dict[frozenset, float] = {}
-        self.confirmed: dict[frozenset, float] = {}
+        memo = memo if memo is not None else Memo()
+        self.scores: dict[frozenset, float] = memo.scores
+        self.confirmed: dict[frozenset, float] = memo.confirmed
         self.costs: dict[frozenset, float] = {}
 
     def score(self, s: frozenset) -> float:
@@ -149,6 +174,9 @@ class _Search:
 
     def out_of_budget(self) -> bool:
         return self.max_evaluations is not None and len(self.scores) >= self.max_evaluations
+
+    def left(self) -> float:
+        return math.inf if self.max_evaluations is None else self.max_evaluations - len(self.scores)
 
     def meets(self, s: frozenset) -> bool:
         if self.score(s) < self.budget:
@@ -172,12 +200,12 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
                         cost: Cost | None = None, shortlist: int | None = None, tie: float = TIE,
                         max_evaluations: int | None = None, unit: str = "dB",
                         prior: list[str] | None = None, groups: Iterable[Iterable[str]] | None = None,
-                        confirm: Evaluate | None = None) -> Selection:
+                        confirm: Evaluate | None = None, memo: Memo | None = None) -> Selection:
     """The smallest (then cheapest) set of candidate layers to keep float so that
     ``evaluate(set) >= budget``; see the module docstring for the contract and the algorithm."""
     cands = list(dict.fromkeys(candidates))
     rank = {c: i for i, c in enumerate(cands)}
-    se = _Search(evaluate, cost, budget, tie, max_evaluations, confirm)
+    se = _Search(evaluate, cost, budget, tie, max_evaluations, confirm, memo)
     empty = frozenset()
     steps: list[dict] = []
 
@@ -195,7 +223,15 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
     S, added = empty, []
     priority: dict[str, float] = {}                  # last measured score of (then) S + {c}
     prior = [c for c in (prior or []) if c in rank] + [c for c in cands if c not in set(prior or [])]
-    while not se.meets(S) and len(S) < len(cands) and not se.out_of_budget():
+    reached = None
+    if not se.meets(S):
+        reached = _reach(se, prior, len(_pool(S, cands, rank, priority, prior, shortlist)))
+    if reached is not None:
+        S, added = reached, [c for c in prior if c in reached]
+        step("bisect", S, add=sorted(S, key=rank.get))
+        if se.meets(S):
+            S = _eliminate(se, S, prior, rank, step)
+    while reached is None and not se.meets(S) and len(S) < len(cands) and not se.out_of_budget():
         pool = _pool(S, cands, rank, priority, prior, shortlist)
         moves = [S | {c} for c in pool]
         for c, m in zip(pool, moves):
@@ -207,18 +243,62 @@ def select_float_layers(evaluate: Evaluate, candidates: Iterable[str], budget: f
         S = nxt
         added += new
         step("greedy", S, add=new)
-    if se.meets(S):
+    if reached is None and se.meets(S):
         S = _shrink(se, S, cands, rank, priority, prior, shortlist, step)
-    if cost is not None and se.meets(S):
+    if reached is None and cost is not None and se.meets(S):
         S = _cheaper(se, S, cands, rank, priority, prior, shortlist, step)
     gains = {}
-    for f in S:
+    for f in S if se.meets(S) or reached is None else ():     # unreachable: no gain to state
         gains[f] = se.score(S) - se.score(S - {f})
     order = [c for c in added if c in S] + sorted(S - set(added), key=rank.get)
     return Selection(budget=budget, met=se.meets(S), float_layers=tuple(order), score=se.score(S), baseline=base,
                      gains=gains, steps=steps, evaluations=len(se.scores),
                      cost=se.cost(S) if cost is not None else None,
                      baseline_cost=se.cost(empty) if cost is not None else None, unit=unit)
+
+
+def _reach(se: _Search, prior: list[str], width: int) -> frozenset | None:
+    """None when the greedy can afford the budget, else the set it starts from instead.
+
+    A greedy step measures about ``width`` moves and adds one layer; with ``left`` evaluations
+    left, it can add k = left / (2 width) layers and leave as many evaluations for prune and
+    exchange. If the first k layers of ``prior`` kept float meet the budget, it can (its moves are
+    re-measured, so it needs no more layers than the static ranking). Else the budget needs more
+    layers than the greedy can afford (e.g. an int8 build far below it): if not even every
+    candidate float meets it, that set is the answer (unreachable, said so); else the shortest
+    prefix of ``prior`` that meets it, found by bisection (log2 n evaluations, as Polygraphy's
+    ``debug precision`` bisects layers toward higher precision), assuming the score grows with
+    the prefix; :func:`_eliminate` then drops what it does not need."""
+    if se.max_evaluations is None or se.out_of_budget():
+        return None
+    k = max(1, int(se.left() // (2 * max(1, width))))
+    if k >= len(prior) or se.meets(frozenset(prior[:k])):
+        return None
+    if not se.meets(frozenset(prior)):
+        return frozenset(prior)
+    lo, hi = k, len(prior)                      # prior[:lo] misses the budget, prior[:hi] meets it
+    while hi - lo > 1 and not se.out_of_budget():
+        mid = (lo + hi) // 2
+        if se.meets(frozenset(prior[:mid])):
+            hi = mid
+        else:
+            lo = mid
+    return frozenset(prior[:hi])
+
+
+def _eliminate(se: _Search, S: frozenset, prior: list[str], rank: dict, step) -> frozenset:
+    """Backward elimination, first fit: each float layer of ``S``, least promising by ``prior``
+    first, leaves it when the budget holds without it: one pass, |S| evaluations (the greedy's
+    prune measures |S| per layer it drops, and its exchange |S|·K: too many for a set this size)."""
+    start = S
+    for f in reversed([c for c in prior if c in S]):
+        if se.out_of_budget():
+            break
+        if se.meets(S - {f}):
+            S = S - {f}
+    if S != start:
+        step("eliminate", S, remove=sorted(start - S, key=rank.get))
+    return S
 
 
 def _greedy_move(se: _Search, S: frozenset, moves: list[frozenset], order: dict) -> frozenset:
@@ -287,7 +367,7 @@ def _cheaper(se: _Search, S: frozenset, cands, rank, priority, prior, shortlist,
     while not se.out_of_budget():
         pool = _pool(S, cands, rank, priority, prior, shortlist)
         swaps = [S - {f} | {c} for f in sorted(S, key=rank.get) for c in pool]
-        ok = [s for s in swaps if s not in seen and se.meets(s) and se.cost(s) < se.cost(S)]
+        ok = [s for s in swaps if s not in seen and se.cost(s) < se.cost(S) and se.meets(s)]
         if not ok:
             break
         nxt = se.best(ok, {s: sum(rank[c] for c in s) for s in ok})

@@ -52,6 +52,7 @@ from ..ir.types import dequantize
 from ..passes import quantize_bias, quantize_plan, quantize_rewrite
 from ..progress import report
 from ..quant import reference
+from ..quant.calibrate import float_runs, value_runs
 from ..quant.qparams import sqnr_from_energies
 from .report import EvalData, chunks
 
@@ -170,6 +171,7 @@ class Sensitivity:
         self.ref = self._outputs(self.graph) if not exact else [reference.run(self.graph, feed) for feed, _ in data]
         plan = quantize_plan.plan(self.graph, replace(opts, ranges=self.ranges))
         self.means: dict = {}
+        self._weights: dict = {}                    # the integer weights per (layer, params): Rewriter's cache
         self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
         if opts.bias_correction and opts.calib is not None:
             float_outputs: list = []
@@ -202,7 +204,7 @@ class Sensitivity:
                     ranges=self.ranges)
         plan = quantize_plan.plan(g, o)
         P, _ = quantize_plan.activation_qparams(g, plan, o, {})
-        rw = quantize_rewrite.Rewriter(g, plan, P, self.ranges, o, self.means)
+        rw = quantize_rewrite.Rewriter(g, plan, P, self.ranges, o, self.means, self._weights)
         rw.run()
         self._stands_for = {q.name: f for q, f in rw.stands_for.items()}
         return g, rw.layers
@@ -348,24 +350,20 @@ class Sensitivity:
         return list(dict.fromkeys(out))
 
     def prior(self) -> list[str]:
-        """The candidates ordered by the SQNR each loses across itself in ONE all-int8 run
-        (SQNR of its quantized inputs minus that of its output, vs fp32; largest first): a cheap
-        ranking of where the error enters, for :func:`~qcompiler.plan.select.select_float_layers`'s
-        shortlist."""
+        """The candidates ordered by the SQNR each loses across itself in ONE all-int8 run over the
+        first sample set (SQNR of its quantized inputs minus that of its output, vs fp32; largest
+        first): a cheap ranking of where the error enters, for
+        :func:`~qcompiler.plan.select.select_float_layers`'s shortlist and bisection."""
         g, _ = self.quantized(frozenset())
         stands = dict(self._stands_for)
-        feed, _ = self.data[0]
-        fv, qv = reference.run_values(self.graph, feed), reference.run_values(g, feed)
+        feeds = [self.data[0][0]]
+        energies = self._value_energies(g, stands, feeds)
 
         def sqnr(qname: str) -> float | None:
-            f = stands.get(qname)
-            if f is None or f not in fv:
+            e = energies.get(qname)
+            if e is None:
                 return None
-            v = g.value(qname)
-            r = np.asarray(fv[f], np.float64)
-            d = np.asarray(dequantize(qv[qname], v.type.quant), np.float64) - r
-            n = float(np.vdot(d, d))
-            return 300.0 if n == 0 else 10 * math.log10(max(float(np.vdot(r, r)), 1e-300) / n)
+            return 300.0 if e[1] == 0 else 10 * math.log10(max(e[0], 1e-300) / e[1])
         drop = {}
         for op in g.ops:
             if op.name not in self.kinds:
@@ -374,6 +372,34 @@ class Sensitivity:
             ins = [x for x in (sqnr(v.name) for v in op.operands if not v.is_const) if x is not None]
             drop[op.name] = (min(ins) if ins else 300.0) - out if out is not None else 0.0
         return sorted(self.candidates, key=lambda c: (-drop.get(c, 0.0), self.candidates.index(c)))
+
+    def _value_energies(self, g: Graph, stands: dict[str, str], feeds: list[dict]) -> dict[str, tuple[float, float]]:
+        """Per quantized value q of ``g`` standing for float value f of the float graph: (Σ f², Σ
+        (dequantize(q) - f)²) over ``feeds``, f from the float graph's run and q from ``g``'s QDQ
+        export, both in onnxruntime run by run (the reference interpreter where there is no QDQ form
+        or the exact arithmetic was asked for)."""
+        from ..frontend.qdq_export import export_qdq
+        qnames = [q for q, f in stands.items() if g.has_value(q) and self.graph.has_value(f)]
+        fnames = list(dict.fromkeys(stands[q] for q in qnames))
+        acc = {q: [0.0, 0.0] for q in qnames}
+
+        def add(fv: dict, qv: dict) -> None:
+            for q in qnames:
+                r = np.asarray(fv[stands[q]], np.float64)
+                d = np.asarray(dequantize(qv[q], g.value(q).type.quant), np.float64) - r
+                acc[q][0] += float(np.vdot(r, r))
+                acc[q][1] += float(np.vdot(d, d))
+        try:
+            if self.exact:
+                raise ValueError("exact: the reference interpreter")
+            qruns = value_runs(export_qdq(g), feeds, qnames)
+            for (_, fv), (_, qv) in zip(float_runs(self.graph, feeds, fnames), qruns):
+                add(fv, qv)
+        except Exception:  # noqa: BLE001 - no QDQ form (or a value ORT cannot fetch): the reference
+            acc = {q: [0.0, 0.0] for q in qnames}
+            for feed in feeds:
+                add(reference.run_values(self.graph, feed), reference.run_values(g, feed))
+        return {q: (e[0], e[1]) for q, e in acc.items()}
 
     @property
     def fp32(self) -> Scores:

@@ -75,8 +75,15 @@ def float_runs(graph: Any, dataset: Iterable[Feed], values: list[str], *, quiet:
     return _runs(model, types, dataset, values, quiet, desc)
 
 
+def value_runs(graph: Any, dataset: Iterable[Feed], values: list[str]) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """As :func:`float_runs`, for values of any element type (e.g. the integers of a quantized
+    value in a QDQ model: ``value_runs(export_qdq(g), ...)``)."""
+    model, types, _ = _model_and_types(graph)
+    return _runs(model, types, dataset, values, True, "run", floats_only=False)
+
+
 def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: list[str], quiet: bool,
-          desc: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+          desc: str, floats_only: bool = True) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = [i for i in g.input if i.name not in inits]
@@ -88,7 +95,7 @@ def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: 
         if elem is None or name in inits:
             raise ValueError(f"no value named %{name} in the graph" if elem is None else
                              f"%{name} is a constant, not a value a run computes")
-        if elem[0] not in _FLOAT_TYPES:
+        if floats_only and elem[0] not in _FLOAT_TYPES:
             raise ValueError(f"value %{name} is {onnx.TensorProto.DataType.Name(elem[0])}, not floating point: "
                              "only float values have ranges to calibrate")
         if any(i.name == name for i in inputs):

@@ -27,7 +27,6 @@ The clamp range [lo, hi] is the storage range narrowed by a fused Relu/Clip
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -75,8 +74,10 @@ def quantize_multipliers(Ms: Sequence[float]) -> tuple[list[int], int]:
 
 
 def _round(M: float, shift: int) -> int:
-    """round(M * 2^shift), half to even, exactly (M * 2^shift is exact in binary floating point)."""
-    return round(Fraction(M) * 2 ** shift)
+    """round(M * 2^shift), half to even, exactly: scaling a double by a power of two is exact
+    (no overflow for shift <= MAX_SHIFT and M < 2^31), and Python rounds a float half to even
+    (a float >= 2^52 is already an integer)."""
+    return round(math.ldexp(M, shift))
 
 
 def conv_multipliers(s_in: float, s_w: Sequence[float], s_out: float) -> tuple[list[int], list[int]]:

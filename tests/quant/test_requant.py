@@ -50,6 +50,18 @@ def test_requantize_is_within_half_an_lsb_plus_multiplier_error(acc, M):
     assert abs(got - ideal) <= Fraction(1, 2) + abs(ideal) / 2 ** 31 + Fraction(1, 2 ** 40)
 
 
+def test_multiplier_rounding_ties_go_to_even():
+    """_round (float scaling by 2^s, exact) against Fractions where M 2^s is exactly k + 1/2,
+    and for products beyond 2^53 (already integers)."""
+    from qcompiler.quant.requant import _round
+    for k in range(0, 4000, 7):
+        for s in (0, 1, 20, 40, 63):
+            M = (2 * k + 1) / 2.0 ** (s + 1)
+            assert _round(M, s) == round(Fraction(M) * 2 ** s) == (k if k % 2 == 0 else k + 1)
+    for M in (1.9999999999999998, 0.7071067811865476, 3.0e-9):
+        assert _round(M, 63) == round(Fraction(M) * 2 ** 63)
+
+
 def test_rounding_is_half_up():
     # x/2 for x = -3..3: -1.5 -> -1, -0.5 -> 0, 0.5 -> 1, 1.5 -> 2 (toward +inf on ties)
     assert rounding_right_shift(np.arange(-3, 4), 1).tolist() == [-1, -1, 0, 0, 1, 1, 2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcompiler.passes.quantize import QuantizeOptions
-from qcompiler.plan.select import Bootstrap, brute_force, select_float_layers
+from qcompiler.plan.select import Bootstrap, Memo, brute_force, select_float_layers
 from qcompiler.plan.sensitivity import Sensitivity
 
 from mixed_models import feeds, outlier_mlp
@@ -155,6 +155,57 @@ def test_unreachable_budget_is_reported():
     assert not sel.met and sel.score == 2 and set(sel.float_layers) == {"a", "b"}
     j = sel.to_json()
     assert j["met"] is False and j["float_layers"] and j["iterations"] == len(sel.steps)
+
+
+def noise_sqnr(noise: dict[str, float], floor: float = 1e-3):
+    """SQNR in dB of a model whose int8 layers each add their noise power (signal 1)."""
+    return lambda S: 10 * math.log10(1.0 / (floor + sum(w for n, w in noise.items() if n not in S)))
+
+
+def test_a_far_budget_is_reached_by_bisection_then_elimination():
+    """40 layers of equal noise and a budget that leaves at most 10 of them int8: 30 must be float.
+    With a cap of 80 evaluations the greedy (10 moves per step) could add 4 layers, so the search
+    bisects the prior ranking instead (5 useless layers first: they add no noise) and eliminates
+    what the prefix does not need: the 30, in far fewer evaluations than the greedy takes."""
+    noisy = {f"n{i}": 1.0 for i in range(40)}
+    useless = {f"u{i}": 0.0 for i in range(5)}
+    score = noise_sqnr({**noisy, **useless})
+    cands = list(noisy) + list(useless)
+    prior = list(useless) + list(noisy)
+    budget = 10 * math.log10(1.0 / (1e-3 + 10.5))                 # 10 int8 layers meet it, 11 do not
+    sel = select_float_layers(score, cands, budget, shortlist=8, prior=prior, max_evaluations=80)
+    assert sel.met and len(sel.float_layers) == 30 and not set(sel.float_layers) & set(useless)
+    assert [s["phase"] for s in sel.steps] == ["bisect", "eliminate"] and sel.steps[0]["size"] == 35
+    assert sel.evaluations <= 80
+    greedy = select_float_layers(score, cands, budget, shortlist=8, prior=prior)     # no cap: the greedy
+    assert len(greedy.float_layers) == 30 and greedy.evaluations > 3 * sel.evaluations
+
+
+def test_an_unreachable_budget_stops_at_once_under_a_cap():
+    """Not even every candidate float meets it: that set is the answer, said not met, after the
+    all-int8, the greedy's-reach and the all-float evaluations."""
+    score = noise_sqnr({f"n{i}": 1.0 for i in range(30)}, floor=1.0)
+    sel = select_float_layers(score, [f"n{i}" for i in range(30)], 10.0, shortlist=8, max_evaluations=100)
+    assert not sel.met and len(sel.float_layers) == 30 and sel.evaluations == 3
+
+
+def test_one_memo_caps_both_searches():
+    """The accuracy-only and the latency-aware searches share one Memo: the second re-walks the
+    first's sets for free and the cap bounds their evaluations together."""
+    noise = {f"n{i}": 1.0 + 0.1 * i for i in range(12)}
+    calls = []
+
+    def score(S):
+        calls.append(S)
+        return noise_sqnr(noise)(S)
+    budget = noise_sqnr(noise)(frozenset(f"n{i}" for i in range(9, 12)))
+    memo = Memo()
+    a = select_float_layers(score, list(noise), budget, shortlist=4, max_evaluations=40, memo=memo)
+    first = len(calls)
+    b = select_float_layers(score, list(noise), budget, shortlist=4, max_evaluations=40, memo=memo,
+                            cost=lambda S: float(len(S)))
+    assert a.met and b.met and len(calls) == len(set(calls)) == len(memo.scores) <= 40
+    assert len(calls) - first < first
 
 
 def test_confirm_keeps_adding_until_both_hold():

@@ -85,6 +85,32 @@ def test_onnxruntime_table_is_the_exact_one():
             assert (r[k] is None) == (s[k] is None) and (r[k] is None or abs(r[k] - s[k]) <= 0.01), (r, s)
 
 
+def test_variants_from_cached_weights_are_built_afresh():
+    """A variant's integer weights, biases and multipliers come from the Rewriter's cache once a
+    layer was quantized with the same input and output params: the graph is the one a cold
+    rewrite builds, constants and attributes included."""
+    _, sens = build()
+    c = sens.candidates
+    for S in (frozenset(), frozenset(c[:2]), frozenset(c[3:]), frozenset({"g2", "add2"})):
+        warm, _ = sens.quantized(S)
+        assert sens._weights
+        sens._weights.clear()
+        cold, _ = sens.quantized(S)
+        assert str(warm) == str(cold)
+        for name, v in cold.consts.items():
+            assert np.array_equal(warm.consts[name].data, v.data) and warm.consts[name].type == v.type
+
+
+def test_prior_in_onnxruntime_is_the_reference_ranking():
+    """The cheap ranking (SQNR lost across each layer in one all-int8 run) measured on the QDQ
+    export in onnxruntime, streamed run by run, orders the layers as the reference interpreter's
+    exact run does; the worst outlier built in (g2, 60x) comes first."""
+    _, exact = build()
+    _, fast = build(exact=False)
+    assert fast.prior() == exact.prior()
+    assert fast.prior()[0] == "g2" and sorted(fast.prior()) == sorted(fast.candidates)
+
+
 def test_table_reports_progress_per_layer_and_per_evaluation():
     from qcompiler.progress import StageLine, listening
     seen = []
