@@ -22,7 +22,8 @@ their whole histogram for the HTML report.
 
 Engines: the int8 model runs in :mod:`qcompiler.quant.reference` (the integer oracle the
 compiled kernels match bit for bit, tested in tests/codegen/test_x86_int8.py); the fp32 models run
-in the same interpreter's float kernels (float64 accumulation). Two fp32 models, because the float
+in onnxruntime, op by op as the calibration runs them (float32; the reference interpreter's float
+kernels, which accumulate in float64, where onnxruntime cannot run a graph). Two fp32 models, because the float
 passes before ``quantize`` need not preserve results (``relu6-to-relu``, which ``--equalize`` and
 so ``--per-tensor`` insert, drops the clamp at 6: 33.7 dB on fashion_mobilenet; pruning; analytic
 bias correction):
@@ -63,6 +64,7 @@ from ..errors import UserError
 from ..ir.graph import Graph, Op
 from ..ir.types import INT_RANGES, dequantize, np_dtype
 from ..quant import reference
+from ..quant.calibrate import float_runner
 
 REPORT = "report.json"
 FORMAT_VERSION = 1
@@ -223,18 +225,32 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
 
 
 # ---- accuracy --------------------------------------------------------------------------------------
+BLOCK = 1 << 14
+
+
+def _sum_squares(x: np.ndarray) -> float:
+    """Σ x²: float32 dot products over blocks of 2^14 values, the blocks summed in float64
+    (relative error about 2^7 float32 ulps: below 1e-4 dB; float64 throughout took a quarter of a
+    DeepLabV3 report's evaluation)."""
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    n = x.size // BLOCK * BLOCK
+    head = x[:n].reshape(-1, BLOCK)
+    tail = x[n:].astype(np.float64)
+    return float(np.einsum("ij,ij->i", head, head).sum(dtype=np.float64) + np.dot(tail, tail))
+
+
 class _Energy:
-    """Σ r² and Σ (x - r)² per key, in float64."""
+    """Σ r² and Σ (x - r)² per key (:func:`_sum_squares`)."""
 
     def __init__(self):
         self.signal: dict[str, float] = {}
         self.noise: dict[str, float] = {}
 
     def add(self, key: str, ref: np.ndarray, got: np.ndarray) -> None:
-        r = np.asarray(ref, np.float64)
-        d = np.asarray(got, np.float64) - r
-        self.signal[key] = self.signal.get(key, 0.0) + float(np.vdot(r, r))
-        self.noise[key] = self.noise.get(key, 0.0) + float(np.vdot(d, d))
+        r = np.asarray(ref, np.float32)
+        d = np.asarray(got, np.float32) - r
+        self.signal[key] = self.signal.get(key, 0.0) + _sum_squares(r)
+        self.noise[key] = self.noise.get(key, 0.0) + _sum_squares(d)
 
     def sqnr(self, key: str) -> float | None:
         """dB; None when there is no noise at all (exact) or no data."""
@@ -254,6 +270,32 @@ def _chunk_size(fp32: Graph, int8: Graph, batch: int, given: Graph | None = None
                     for g in graphs for op in g.ops for v in op.results)
     k = max(1, min(MAX_CHUNK // max(batch, 1), MEMORY_BUDGET // max(per_batch, 1)))
     return k * max(batch, 1)
+
+
+def _float_engines(fp32: Graph, given: Graph | None, values: list[str]):
+    """(feed -> the fp32 graph's named values and outputs, feed -> the given model's outputs), run
+    by onnxruntime (:func:`~qcompiler.quant.calibrate.float_runner`, op by op as the calibration
+    runs them): float32 like the reference interpreter, which accumulates in float64 (relative
+    differences near 1e-7: far below the 0.01 dB the report prints) and was 1-2 s per DeepLabV3
+    sample on each float graph. A graph onnxruntime cannot hold or run takes the reference."""
+    names = list(dict.fromkeys([*values, *(v.name for v in fp32.outputs)]))
+    try:
+        fp32_values = float_runner(fp32, names)
+    except Exception:  # noqa: BLE001 - no ONNX form, or onnxruntime refuses it: the reference
+        def fp32_values(feed):
+            return reference.run_values(fp32, feed)
+    if given is None:
+        return fp32_values, None
+    outs = [v.name for v in given.outputs]
+    try:
+        run = float_runner(given, outs)
+    except Exception:  # noqa: BLE001
+        return fp32_values, lambda feed: reference.run(given, feed)
+
+    def given_outputs(feed):
+        values = run(feed)
+        return [values[o] for o in outs]
+    return fp32_values, given_outputs
 
 
 def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: Graph | None = None) -> dict:
@@ -278,10 +320,11 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: 
     correct = {"fp32": 0, "int8": 0}
     n, labelled = 0, True
     hist: dict[str, np.ndarray] = {}
+    fp32_values, given_outputs = _float_engines(fp32, given, [f for *_, f, _ in pairs])
     for feed, labels in chunks(data, _chunk_size(fp32, int8, batch, given), batch):
-        fv = reference.run_values(fp32, feed)
+        fv = fp32_values(feed)
         qv = reference.run_values(int8, feed)
-        refs = [fv[fo.name] for fo in fp32.outputs] if given is None else reference.run(given, feed)
+        refs = [fv[fo.name] for fo in fp32.outputs] if given is None else given_outputs(feed)
         for row, q, f, qp in pairs:
             energy.add(row["value"], fv[f], dequantize(qv[q], qp) if qp is not None else qv[q])
             if qp is not None and qp.scale is not None and len(qp.scale) == 1:

@@ -82,8 +82,24 @@ def value_runs(graph: Any, dataset: Iterable[Feed], values: list[str]) -> Iterat
     return _runs(model, types, dataset, values, True, "run", floats_only=False)
 
 
-def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: list[str], quiet: bool,
-          desc: str, floats_only: bool = True) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+def float_runner(graph: Any, values: list[str]) -> Callable[[Feed], dict[str, np.ndarray]]:
+    """One onnxruntime session for ``graph`` (as :func:`float_runs`) as a function: feed -> the
+    named float values over all its samples (the runs it is cut into at the model's batch joined).
+    The session is made here: a graph onnxruntime cannot hold or run fails now, not at the first feed."""
+    model, types, _ = _model_and_types(graph)
+    sess, fetch, from_feed, inputs, batch = _session(model, types, values, True)
+    names = fetch + from_feed
+
+    def run(feed: Feed) -> dict[str, np.ndarray]:
+        parts = [{**dict(zip(fetch, sess.run(fetch, r) if fetch else [])), **{n: r[n] for n in from_feed}}
+                 for r in batch_runs(feed, inputs, batch)]
+        return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in names}
+    return run
+
+
+def _session(model: onnx.ModelProto, types: dict, values: list[str], floats_only: bool):
+    """(session, fetched names, names taken from the feed, input names, batch) for ``values``,
+    each made an output of ``model`` (modified in place)."""
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = [i for i in g.input if i.name not in inits]
@@ -104,11 +120,15 @@ def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: 
         if name not in outputs:
             g.output.append(helper.make_tensor_value_info(name, elem[0], elem[1]))
         fetch.append(name)
-    sess = ort_session(model)
-    batch = model_batch(inputs)
+    return ort_session(model), fetch, from_feed, [x.name for x in inputs], model_batch(inputs)
+
+
+def _runs(model: onnx.ModelProto, types: dict, dataset: Iterable[Feed], values: list[str], quiet: bool,
+          desc: str, floats_only: bool = True) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    sess, fetch, from_feed, inputs, batch = _session(model, types, values, floats_only)
     total = len(dataset) if hasattr(dataset, "__len__") else None   # type: ignore[arg-type]
     for i, feed in enumerate(progress(dataset, total, desc, quiet=quiet)):
-        for run in batch_runs(feed, [x.name for x in inputs], batch):
+        for run in batch_runs(feed, inputs, batch):
             outs = sess.run(fetch, run) if fetch else []
             yield i, {**dict(zip(fetch, outs)), **{name: run[name] for name in from_feed}}
 

@@ -11,9 +11,9 @@ model as given (:mod:`qcompiler.plan.report`) and says what the float passes alo
 (``float_passes_sqnr_db``).
 
 Tolerance 0.01 dB: the int8 artifact equals the report's integer reference bit for bit (checked
-here too, on the logits), and the report's fp32 side is the interpreter's float64-accumulating
-kernels where ORT accumulates in float32: relative differences of about 1e-7 in the logits, far
-below 0.01 dB of an SQNR near 30 dB (measured: differences below 1e-4 dB).
+here too, on the logits), and the report runs the model as given in onnxruntime too (op by op,
+without ORT's fusions: float32 sums in another order, relative differences of about 1e-7 in the
+logits, far below 0.01 dB of an SQNR near 30 dB).
 
 ``qcompile verify`` passes on a per-tensor ``--debug-layers`` build of fashion_mobilenet (every layer
 and the logits with our kernels alone on ONNX Runtime's inputs within 1 LSB, ``main`` equal to its
