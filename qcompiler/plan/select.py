@@ -2,7 +2,7 @@
 
 Deep Learning Systems (ch. 6.2, Algorithm 6.2) quantizes every layer, then, while the accuracy
 error exceeds the budget E, un-quantizes the layer with the highest sensitivity (average Hessian
-trace), from ONE static ranking. We improve it in four ways:
+trace), from ONE static ranking. We improve it in five ways:
 
 1. **greedy with re-evaluation**: each step measures the candidate moves *given the layers already
    float* and takes the one that helps most (errors of int8 layers interact: once the worst layer
