@@ -70,7 +70,6 @@ After::
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +79,7 @@ import numpy as np
 from ..ir.graph import Graph, Op
 from ..ir.ops import full_attrs
 from ..quant import qparams as qpm
-from ..quant.calibrate import float_runs
+from ..quant.calibrate import float_runner
 from ._common import pass_options
 from .equalize import (CONVS, activation, bias_of, in_channel_index, is_layer, scaled_hardswish, set_weights,
                        weight_oc)
@@ -222,7 +221,7 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
     so the float graph is run once for both.
 
     The float graph runs in onnxruntime, op by op as the calibration does
-    (:func:`~qcompiler.quant.calibrate.float_runs`): the same float32 values as the numpy reference
+    (:func:`~qcompiler.quant.calibrate.float_runner`): the same float32 values as the numpy reference
     interpreter to a few ulps, at the speed of a compiled runtime (DeepLabV3 at 520x520 on 32
     feeds: 22 s in the reference, 3 s). A graph ONNX cannot hold (or onnxruntime cannot run)
     falls back to the reference."""
@@ -241,21 +240,13 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
         return {k: v / max(n, 1) for k, v in sums.items()}, outs
 
     try:
-        means, outs = average(_feed_values(graph, calib, want))
+        means, outs = average(map(float_runner(graph, want), calib))
     except Exception:  # noqa: BLE001 - a graph ONNX cannot hold or onnxruntime cannot run: the reference
         from ..quant import reference
         means, outs = average(reference.run_values(graph, feeds) for feeds in calib)
     if outputs is not None:
         outputs.extend(outs)
     return means
-
-
-def _feed_values(graph: Graph, calib, names: list[str]):
-    """Per calibration feed, the named float values from onnxruntime (:func:`float_runs`; the
-    runs a feed was cut into at the model's batch joined again)."""
-    for _, group in itertools.groupby(float_runs(graph, calib, names), key=lambda run: run[0]):
-        runs = [vals for _, vals in group]
-        yield runs[0] if len(runs) == 1 else {k: np.concatenate([r[k] for r in runs]) for k in names}
 
 
 def empirical_error(op: Op, eps: np.ndarray, xbar: np.ndarray) -> np.ndarray:

@@ -239,8 +239,8 @@ def _sum_squares(x: np.ndarray) -> float:
     return float(np.einsum("ij,ij->i", head, head).sum(dtype=np.float64) + np.dot(tail, tail))
 
 
-class _Energy:
-    """Σ r² and Σ (x - r)² per key (:func:`_sum_squares`)."""
+class Energy:
+    """Σ r² and Σ (x - r)² per key (:func:`_sum_squares`): the report's SQNRs and Sensitivity.prior's."""
 
     def __init__(self):
         self.signal: dict[str, float] = {}
@@ -314,7 +314,7 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: 
             pairs.append((row, row["value"], f, int8.value(row["value"]).type.quant))
         else:
             row["sqnr_db"], row["note"] = None, "no fp32 counterpart"
-    energy = _Energy()
+    energy = Energy()
     agree = np.zeros(len(int8.outputs), np.int64)
     rows_seen = np.zeros(len(int8.outputs), np.int64)
     correct = {"fp32": 0, "int8": 0}

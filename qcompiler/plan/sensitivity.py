@@ -54,7 +54,7 @@ from ..progress import report
 from ..quant import reference
 from ..quant.calibrate import float_runs, value_runs
 from ..quant.qparams import sqnr_from_energies
-from .report import EvalData, chunks
+from .report import Energy, EvalData, chunks
 
 Metric = Callable[[list[np.ndarray]], float]
 Sample = tuple[dict[str, np.ndarray], "np.ndarray | None"]      # (feed, labels or None)
@@ -381,25 +381,20 @@ class Sensitivity:
         from ..frontend.qdq_export import export_qdq
         qnames = [q for q, f in stands.items() if g.has_value(q) and self.graph.has_value(f)]
         fnames = list(dict.fromkeys(stands[q] for q in qnames))
-        acc = {q: [0.0, 0.0] for q in qnames}
 
-        def add(fv: dict, qv: dict) -> None:
-            for q in qnames:
-                r = np.asarray(fv[stands[q]], np.float64)
-                d = np.asarray(dequantize(qv[q], g.value(q).type.quant), np.float64) - r
-                acc[q][0] += float(np.vdot(r, r))
-                acc[q][1] += float(np.vdot(d, d))
-        try:
-            if self.exact:
-                raise ValueError("exact: the reference interpreter")
-            qruns = value_runs(export_qdq(g), feeds, qnames)
-            for (_, fv), (_, qv) in zip(float_runs(self.graph, feeds, fnames), qruns):
-                add(fv, qv)
-        except Exception:  # noqa: BLE001 - no QDQ form (or a value ORT cannot fetch): the reference
-            acc = {q: [0.0, 0.0] for q in qnames}
-            for feed in feeds:
-                add(reference.run_values(self.graph, feed), reference.run_values(g, feed))
-        return {q: (e[0], e[1]) for q, e in acc.items()}
+        def energies(runs) -> dict[str, tuple[float, float]]:
+            e = Energy()
+            for fv, qv in runs:
+                for q in qnames:
+                    e.add(q, fv[stands[q]], dequantize(qv[q], g.value(q).type.quant))
+            return {q: (e.signal.get(q, 0.0), e.noise.get(q, 0.0)) for q in qnames}
+        if not self.exact:
+            try:
+                qruns = value_runs(export_qdq(g), feeds, qnames)
+                return energies((fv, qv) for (_, fv), (_, qv) in zip(float_runs(self.graph, feeds, fnames), qruns))
+            except Exception:  # noqa: BLE001 - no QDQ form, or a value ORT cannot fetch: the reference
+                pass
+        return energies((reference.run_values(self.graph, f), reference.run_values(g, f)) for f in feeds)
 
     @property
     def fp32(self) -> Scores:
