@@ -52,8 +52,10 @@ QLinearAdd whose exact requantized value is 119.4999976, which ORT's float32 ari
 to 120, and 6 of a conv, 3.1e-6 from the .5 boundary; the artifact's are the correctly rounded
 ones), the layers after it carry the difference on, and depthwise convs and squeeze-excite gates
 widen it: there 3 LSB at the logits, 99.87 % within 1 LSB. An output that is no stored value of
-the debug functions is measured end to end only. Exit code 0 when it passes, 1 when it does not,
-2 on bad input.
+the debug functions is measured end to end only. An int8 artifact whose kernels store no statically
+quantized value (a dynamic-int8 model: every scale computed at run time) has no debug functions
+even with ``--debug-layers``: nothing to compare layer by layer, and verify says so. Exit code 0
+when it passes, 1 when it does not, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -172,6 +174,13 @@ def read_quantized(out_dir: str | Path):
         raise UserError("verify runs x86 and arm artifacts; cuda artifacts have no debug functions yet", str(out),
                         "compile the same model for --target x86 or arm and verify that")
     if m["target"].get("dtype") == "int8" and debug is None:
+        if _static_layers(out, m) == 0:
+            raise UserError("artifact has no per-layer functions to verify: no kernel stores a statically quantized "
+                            "value (report.json lists no layer with a fixed scale: activations quantized at run "
+                            "time, e.g. by DynamicQuantizeLinear, or none), so --debug-layers adds none", str(out),
+                            "compare its outputs with ONNX Runtime running the same model instead, e.g. from "
+                            "qcompile run OUT --input X.npz --output Y.npz; its integer ops compute what ONNX "
+                            "Runtime's do")
         raise UserError("artifact was compiled without --debug-layers: it has no per-layer functions and no "
                         "quantized IR to verify against", str(out),
                         "compile the model again with --debug-layers (the deployed kernels are the same)")
@@ -189,6 +198,21 @@ def read_quantized(out_dir: str | Path):
     except ParseError as e:
         raise UserError(f"cannot parse {path.name}: {e}", str(path), "compile the model again") from None
     return m, graph
+
+
+def _static_layers(out: Path, manifest: dict) -> int | None:
+    """How many layers of the artifact's report.json store a statically quantized value (a row
+    with a fixed ``scale``: :func:`qcompiler.plan.report.layer_rows`; a report without quantized
+    ops lists float rows only); None when the artifact has no readable report."""
+    from .plan.report import REPORT
+    path = out / REPORT
+    if REPORT not in manifest.get("files", {}) or not path.is_file():
+        return None
+    try:
+        layers = json.loads(path.read_text()).get("layers", [])
+    except (OSError, ValueError):
+        return None
+    return sum("scale" in r for r in layers if isinstance(r, dict))
 
 
 def sample_runs(data, inputs: list[TensorSpec], samples: int | None) -> list[dict[str, np.ndarray]]:

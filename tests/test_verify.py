@@ -262,6 +262,22 @@ def test_debug_layers_are_opt_in_and_leave_main_unchanged(capsys, tmp_path, fash
     assert not (tmp_path / "f32").exists()
 
 
+def test_dynamic_int8_artifact_has_nothing_to_verify(capsys, tmp_path):
+    """A dynamic-int8 model (DynamicQuantizeLinear -> MatMulInteger: every scale computed at run
+    time) built with --debug-layers has no debug functions, since no kernel stores a statically
+    quantized value; verify says that, not "compiled without --debug-layers"."""
+    import onnx
+    from qdq_models import dynamic_matmul_integer
+    onnx.save(dynamic_matmul_integer(), tmp_path / "dyn.onnx")
+    out = tmp_path / "OUT"
+    assert main([str(tmp_path / "dyn.onnx"), "--dtype", "int8", "--debug-layers", "-o", str(out), "-q"]) == 0
+    assert "debug" not in read_manifest(out)
+    np.save(tmp_path / "x.npy", np.ones((2, 3, 7), np.float32))
+    err = one_line_error(capsys, "verify", out, "--data", tmp_path / "x.npy",
+                         want="no kernel stores a statically quantized value")
+    assert "compiled without --debug-layers" not in err
+
+
 # ---- the acceptance, on made-up reports ------------------------------------------------------------
 def _report(layer_max=1.0, layer_exact=0.99999, out_within=1.0, main_is_chain=True, e2e_within=0.9987):
     from qcompiler.verify import Report, Row

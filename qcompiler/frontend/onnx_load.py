@@ -17,9 +17,10 @@ from onnx import TensorProto
 from ..errors import UserError
 
 MICROSOFT_OPS = frozenset({"QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSigmoid",
-                           "QLinearLeakyRelu", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul"})
+                           "QLinearLeakyRelu", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul",
+                           "DynamicQuantizeLSTM"})
 """The com.microsoft operators the importer takes, ONNX Runtime's quantized ops
-(:mod:`.onnx_qlinear`); every other operator must be ai.onnx."""
+(:mod:`.onnx_qlinear`; DynamicQuantizeLSTM in :mod:`.onnx_rnn`); every other operator must be ai.onnx."""
 
 MIN_OPSET, MAX_OPSET = 11, 21
 _UPGRADE = ("re-export the model with opset >= 11, e.g. torch.onnx.export(..., opset_version=13), "

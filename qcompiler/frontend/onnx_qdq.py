@@ -41,7 +41,7 @@ from .onnx_registry import converter, opt_input
 PREQUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
                           "MatMulInteger", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
                           "QLinearGlobalAveragePool", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
-                          "QGemm", "DynamicQuantizeMatMul"})
+                          "QGemm", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
 """A model with these is pre-quantized: ``graph.meta["prequantized"]``. Its int8 build (qcompile's
 default for it) runs the fold-qdq pass instead of quantize: the Q/DQ groups become integer ops with
 the model's own scales (:mod:`qcompiler.passes.fold_qdq`)."""

@@ -15,7 +15,8 @@ float op, QuantizeLinear with the output's parameters::
 
 so the fold-qdq pass maps them onto the integer kernels exactly as it maps a QDQ model, and the
 float build computes ONNX's formulas. A ``channels_last`` QLinearGlobalAveragePool is refused with
-one line.
+one line. ``dynamic_quantize`` and ``integer_matmul`` (DynamicQuantizeMatMul's two halves) also
+build com.microsoft ``DynamicQuantizeLSTM``'s products (:mod:`.onnx_rnn`).
 """
 from __future__ import annotations
 
@@ -128,20 +129,37 @@ def _qgemm(b, n, a):
     quantize_to(b, n, b.aux(n, "Gemm", ops, attrs, "gemm"), *_qparam_inputs(n, 7, 8))
 
 
+def dynamic_quantize(b, n, x: str, tag: str) -> tuple:
+    """Tensor ``x`` through DynamicQuantizeLinear (ONNX Runtime's uint8 quantization over the whole
+    tensor, :mod:`.onnx_qdq`): its (q, scale, zero point) values."""
+    q, s, z = (b.fresh(f"{n.output[0]}/{tag}_{k}") for k in ("q", "scale", "zp"))
+    CONVERTERS["DynamicQuantizeLinear"](b, helper.make_node("DynamicQuantizeLinear", [x], [q, s, z],
+                                                            name=f"{b.node_name(n)}/{tag}_quantize"), {})
+    return b.val(q), b.val(s), b.val(z)
+
+
+def integer_matmul(b, n, qa: tuple, w: str, w_scale: str, w_zp: str, tag: str, out: str | None = None):
+    """``Cast(MatMulInteger(q_a, w, z_a, z_w)) * (s_a * s_w)`` for ``qa`` = (q_a, s_a, z_a) of
+    :func:`dynamic_quantize`: ONNX Runtime's dynamically quantized product (MLAS scales the int32
+    sums by the one float32 product of the scales; ``w_scale`` may be per column). Emitted as
+    node ``n``'s output ``out``, or returned."""
+    q, s, z = qa
+    acc = b.fresh(f"{n.output[0]}/{tag}_acc")
+    CONVERTERS["MatMulInteger"](b, helper.make_node("MatMulInteger", [q.name, w, z.name, w_zp], [acc],
+                                                    name=f"{b.node_name(n)}/{tag}_matmul"), {})
+    f = b.aux(n, "Cast", [b.val(acc)], {"to": "float32"}, f"{tag}_float")
+    scale = b.aux(n, "Mul", [s, b.val(w_scale)], {}, f"{tag}_scale")
+    if out is None:
+        return b.aux(n, "Mul", [f, scale], {}, f"{tag}_scaled")
+    b.emit(n, "Mul", [f, scale], {}, outputs=[out])
+
+
 @converter("DynamicQuantizeMatMul")
 def _dynamic_quantize_matmul(b, n, a):
-    out = n.output[0]
-    q, s, z = (b.fresh(f"{out}/{k}") for k in ("a_q", "a_scale", "a_zp"))
-    CONVERTERS["DynamicQuantizeLinear"](b, helper.make_node("DynamicQuantizeLinear", [n.input[0]], [q, s, z],
-                                                            name=f"{b.node_name(n)}/quantize"), {})
+    qa = dynamic_quantize(b, n, n.input[0], "a")
     bz = n.input[3] if opt_input(n, 3) else ""
-    acc = b.fresh(f"{out}/acc")
-    CONVERTERS["MatMulInteger"](b, helper.make_node("MatMulInteger", [q, n.input[1], z, bz], [acc],
-                                                    name=f"{b.node_name(n)}/matmul"), {})
-    f = b.aux(n, "Cast", [b.val(acc)], {"to": "float32"}, "float")
-    scale = b.aux(n, "Mul", [b.val(s), b.val(n.input[2])], {}, "scale")
-    y = b.aux(n, "Mul", [f, scale], {}, "scaled") if opt_input(n, 4) else None
-    if y is None:
-        b.emit(n, "Mul", [f, scale], {})
-    else:
-        b.emit(n, "Add", [y, b.val(n.input[4])], {})
+    if not opt_input(n, 4):
+        integer_matmul(b, n, qa, n.input[1], n.input[2], bz, "a", out=n.output[0])
+        return
+    y = integer_matmul(b, n, qa, n.input[1], n.input[2], bz, "a")
+    b.emit(n, "Add", [y, b.val(n.input[4])], {})

@@ -20,11 +20,27 @@ direction. Supported: forward, reverse and bidirectional; layout 0 and 1; option
 for every batch entry; the default activations. Not supported (a UserError naming the node):
 other activations, ``clip``, ``input_forget``, non-zero peepholes, shorter or run-time sequence
 lengths, and non-constant weights.
+
+ONNX Runtime's com.microsoft ``DynamicQuantizeLSTM`` (its dynamic-int8 LSTM) is the same LSTM with
+integer weights, transposed against ONNX's -- W ``[nd, input, 4H]``, R ``[nd, H, 4H]`` (int8 or
+uint8; one zero point per direction, scales per direction or per column, inputs 8-11) -- and its
+two products quantized at run time as its CPU kernel does (``rnn_helpers.cc`` ComputeGemm, driven
+by ``uni_directional_lstm.cc``): DynamicQuantizeLinear's uint8 quantization of the whole
+``[seq*batch, input]`` X once, and of the whole ``[batch, H]`` h at every step::
+
+    xw = Cast(MatMulInteger(q_x, W[d], z_x, z_W)) * (s_x * s_W[d])             (one Split into steps)
+    g  = (xw[t] + Cast(MatMulInteger(q_h, R[d], z_h, z_R)) * (s_h * s_R[d])) + (Wb + Rb)
+
+in that order (MLAS accumulates the recurrent product onto the input one; the fused bias comes
+with the gates), then the LSTM cell above. Same attributes and limits as LSTM, and no ``layout``.
+ONNX Runtime running a batch on several threads quantizes h per block of rows instead (its
+``batch_parallel_``); this is what it computes on one thread, and for batch 1 on any.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .onnx_qlinear import dynamic_quantize, integer_matmul
 from .onnx_registry import converter, nonempty_const, opt_input
 
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
@@ -48,7 +64,7 @@ class _Emitter:
         if key is not None and key in self.shared:
             return self.shared[key]
         name = self.b.fresh(f"{self.base}/{tag}")
-        self.b.set_const(name, np.ascontiguousarray(arr))
+        self.b.set_const(name, np.asarray(arr, order="C"))   # (ascontiguousarray makes 0-d 1-d)
         v = self.b.val(name)
         if key is not None:
             self.shared[key] = v
@@ -66,7 +82,7 @@ class _Rnn:
     """What LSTM and GRU share: attributes, weights, the input projection, the outputs."""
 
     def __init__(self, b, n, a):
-        self.b, self.n, self.kind = b, n, n.op_type
+        self.b, self.n = b, n
         self.e = _Emitter(b, n)
         direction = a.get("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
@@ -90,13 +106,7 @@ class _Rnn:
         else:
             self.seq, self.batch, self.inp = self.x.shape
         G = _GATES[self.kind]
-        self.w = b.need_const(n, 1, "W").astype(self.x.dtype)
-        self.r = b.need_const(n, 2, "R").astype(self.x.dtype)
-        H = int(a.get("hidden_size", self.r.shape[-1]))
-        self.H = H
-        if self.w.shape != (nd, G * H, self.inp) or self.r.shape != (nd, G * H, H):
-            raise b.fail(n, f"W {list(self.w.shape)} / R {list(self.r.shape)} do not fit {nd} direction(s), "
-                         f"hidden_size {H} and input size {self.inp}", "fix the model")
+        self.H = H = self.weights(a, nd, G)
         bias = nonempty_const(b, n, 3)
         self.bias = (np.zeros((nd, 2 * G * H), self.x.dtype) if bias is None else bias.astype(self.x.dtype))
         if self.bias.shape != (nd, 2 * G * H):
@@ -109,18 +119,39 @@ class _Rnn:
             raise b.fail(n, f"sequence_lens {lens.reshape(-1).tolist()} differ from the sequence length {self.seq}",
                          "qcompiler unrolls full sequences only: pad the inputs to one length and drop sequence_lens")
 
+    def weights(self, a, nd: int, G: int) -> int:
+        """Load W and R (ONNX's ``[nd, G*H, input]`` / ``[nd, G*H, H]``); returns hidden_size."""
+        b, n = self.b, self.n
+        self.w = b.need_const(n, 1, "W").astype(self.x.dtype)
+        self.r = b.need_const(n, 2, "R").astype(self.x.dtype)
+        H = int(a.get("hidden_size", self.r.shape[-1]))
+        if self.w.shape != (nd, G * H, self.inp) or self.r.shape != (nd, G * H, H):
+            raise b.fail(n, f"W {list(self.w.shape)} / R {list(self.r.shape)} do not fit {nd} direction(s), "
+                         f"hidden_size {H} and input size {self.inp}", "fix the model")
+        return H
+
     # -- inputs ------------------------------------------------------------------------------------
     def steps(self, d: int, bias: np.ndarray) -> list:
         """``X W[d]^T + bias`` for every time step: a list of ``[batch, G*H]`` values."""
-        e, x = self.e, self.x
-        if self.layout and self.batch > 1:
-            x = e.op("Transpose", [x], {"perm": [1, 0, 2]}, "x_seq_major")
-        flat = e.op("Reshape", [x], {"shape": [self.seq * self.batch, self.inp]}, "x_flat")
-        xw = e.op("Gemm", [flat, e.const(self.w[d], "W"), e.const(bias, "B")],
+        e = self.e
+        xw = e.op("Gemm", [self.flat_x(), e.const(self.w[d], "W"), e.const(bias, "B")],
                   {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}, "xw")
+        return self.per_step(xw)
+
+    def flat_x(self):
+        """X as one ``[seq*batch, input]`` matrix, time-major (made once, shared by the directions)."""
+        if "x_flat" not in self.e.shared:
+            e, x = self.e, self.x
+            if self.layout and self.batch > 1:
+                x = e.op("Transpose", [x], {"perm": [1, 0, 2]}, "x_seq_major")
+            self.e.shared["x_flat"] = e.op("Reshape", [x], {"shape": [self.seq * self.batch, self.inp]}, "x_flat")
+        return self.e.shared["x_flat"]
+
+    def per_step(self, xw) -> list:
+        """A ``[seq*batch, N]`` value split into its ``seq`` steps of ``[batch, N]``."""
         if self.seq == 1:
             return [xw]
-        return e.op("Split", [xw], {"axis": 0, "split": [self.batch] * self.seq}, "xw_t", n_out=self.seq)
+        return self.e.op("Split", [xw], {"axis": 0, "split": [self.batch] * self.seq}, "xw_t", n_out=self.seq)
 
     def initial(self, i: int, d: int):
         """Direction ``d`` of the optional initial state input ``i`` as ``[batch, H]``, or None."""
@@ -195,6 +226,8 @@ class _Rnn:
 
 
 class _Lstm(_Rnn):
+    kind = "LSTM"
+
     def input_bias(self, d):
         H4 = 4 * self.H
         return self.bias[d, :H4] + self.bias[d, H4:]
@@ -202,7 +235,7 @@ class _Lstm(_Rnn):
     def cell(self, d, xw, state):
         e, H = self.e, self.H
         h, c = state
-        g = xw if h is None else e.op("Add", [xw, self.gemm(h, self.r[d], "hr", d)], {}, "gates")
+        g = self.gates(d, xw, h)
         s, cc = e.op("Split", [g], {"axis": 1, "split": [3 * H, H]}, "split", n_out=2)
         i, o, f = e.op("Split", [e.op("Sigmoid", [s], {}, "ifo")], {"axis": 1, "split": [H, H, H]}, "gate", n_out=3)
         ic = e.op("Mul", [i, e.op("Tanh", [cc], {}, "cand")], {}, "ic")
@@ -210,8 +243,14 @@ class _Lstm(_Rnn):
         h = e.op("Mul", [o, e.op("Tanh", [c], {}, "tanh_c")], {}, "h")
         return [h, c]
 
+    def gates(self, d, xw, h):
+        """The gates' input ``xw[t] + h R^T`` (the biases are in ``xw``)."""
+        return xw if h is None else self.e.op("Add", [xw, self.gemm(h, self.r[d], "hr", d)], {}, "gates")
+
 
 class _Gru(_Rnn):
+    kind = "GRU"
+
     def __init__(self, b, n, a):
         super().__init__(b, n, a)
         self.lbr = int(a.get("linear_before_reset", 0))
@@ -248,12 +287,88 @@ class _Gru(_Rnn):
         return [e.op("Add", [ht, e.op("Mul", [z, e.op("Sub", [h, ht], {}, "dh")], {}, "zdh")], {}, "h")]
 
 
-@converter("LSTM")
-def _lstm(b, n, a):
-    rnn = _Lstm(b, n, a)
+class _QLstm(_Lstm):
+    """com.microsoft DynamicQuantizeLSTM: integer W, R with their scales and zero points (inputs
+    8-11), every product computed as ONNX Runtime's kernel computes it (see the module docstring)."""
+
+    def weights(self, a, nd: int, G: int) -> int:
+        b, n = self.b, self.n
+        if "layout" in a:
+            raise b.fail(n, "has a layout attribute", "DynamicQuantizeLSTM takes time-major X only: drop layout")
+        for i, what in ((8, "W_scale"), (9, "W_zero_point"), (10, "R_scale"), (11, "R_zero_point")):
+            if not opt_input(n, i):
+                raise b.fail(n, f"input {i} ({what}) is missing", "DynamicQuantizeLSTM needs W_scale, "
+                             "W_zero_point, R_scale and R_zero_point: fix the model")
+        w, r = b.need_const(n, 1, "W"), b.need_const(n, 2, "R")
+        H = int(a.get("hidden_size", r.shape[1] if r.ndim == 3 else 0))
+        if w.shape != (nd, self.inp, G * H) or r.shape != (nd, H, G * H):
+            raise b.fail(n, f"W {list(w.shape)} / R {list(r.shape)} do not fit {nd} direction(s), hidden_size {H} "
+                         f"and input size {self.inp} (DynamicQuantizeLSTM's W is [nd, input, 4H], R [nd, H, 4H])",
+                         "fix the model")
+        self.qw = [self._quantized(w, 8, "W", nd, G * H, d) for d in range(nd)]
+        self.qr = [self._quantized(r, 10, "R", nd, G * H, d) for d in range(nd)]
+        return H
+
+    def _quantized(self, w: np.ndarray, i: int, what: str, nd: int, cols: int, d: int) -> tuple[str, str, str]:
+        """Direction ``d`` of integer weight ``w`` with its scale (input ``i``) and zero point (input
+        ``i + 1``) as the constant names (w, scale, zero point) ``integer_matmul`` takes. ONNX Runtime
+        subtracts one zero point per direction (its first), so the others must equal it."""
+        b, n, e = self.b, self.n, self.e
+        s, z = b.need_const(n, i, f"{what}_scale"), b.need_const(n, i + 1, f"{what}_zero_point")
+        if w.dtype not in (np.int8, np.uint8) or z.dtype != w.dtype or s.dtype != np.float32:
+            raise b.fail(n, f"{what} is {w.dtype} with a {s.dtype} scale and a {z.dtype} zero point",
+                         f"DynamicQuantizeLSTM takes an int8 or uint8 {what}, a zero point of that type "
+                         "and a float32 scale")
+        for v, part in ((s, "scale"), (z, "zero_point")):
+            if v.shape not in ((nd,), (nd, cols)):
+                raise b.fail(n, f"{what}_{part} has shape {list(v.shape)}, expected {[nd]} (per tensor) or "
+                             f"{[nd, cols]} (per column)", "fix the model")
+        if nd > 1 and s.ndim == 2 and z.ndim == 1:
+            raise b.fail(n, f"{what}_scale is per column but {what}_zero_point per tensor",
+                         "give both per tensor or both per column: ONNX Runtime misreads the mix")
+        zd = z.reshape(nd, -1)[d]
+        if (zd != zd[0]).any():
+            raise b.fail(n, f"the zero points of {what} differ along its columns",
+                         "ONNX Runtime's DynamicQuantizeLSTM takes one zero point per direction")
+        sd = s.reshape(nd, -1)[d]
+        return (e.const(w[d], what).name, e.const(sd if sd.size > 1 else sd.reshape(()), f"{what}_scale").name,
+                e.const(zd[0].reshape(()), f"{what}_zero_point").name)
+
+    def steps(self, d: int, bias) -> list:
+        """``X W[d]`` for every time step, X quantized once, as one matrix (the biases come later)."""
+        if "x_q" not in self.e.shared:
+            self.e.shared["x_q"] = dynamic_quantize(self.b, self.n, self.flat_x().name, "x")
+        return self.per_step(integer_matmul(self.b, self.n, self.e.shared["x_q"], *self.qw[d], f"xw{d}"))
+
+    def gates(self, d, xw, h):
+        """``(xw[t] + h R) + (Wb + Rb)``, in ONNX Runtime's order: the recurrent product accumulates
+        onto the input one, the fused bias is added last (absent or zero: no add)."""
+        b, n, e = self.b, self.n, self.e
+        g = xw
+        if h is not None:
+            hr = integer_matmul(b, n, dynamic_quantize(b, n, h.name, f"h{d}"), *self.qr[d], f"hr{d}")
+            g = e.op("Add", [xw, hr], {}, "gates")
+        bias = self.input_bias(d)
+        return e.op("Add", [g, e.const(bias, "B", ("bias", d))], {}, "biased") if bias.any() else g
+
+
+def _no_peepholes(b, n) -> None:
     p = b.const(n.input[7]) if opt_input(n, 7) else None
     if opt_input(n, 7) and (p is None or p.any()):
         raise b.fail(n, "peephole weights P are not supported", "export the LSTM without peepholes (or with P = 0)")
+
+
+@converter("LSTM")
+def _lstm(b, n, a):
+    rnn = _Lstm(b, n, a)
+    _no_peepholes(b, n)
+    rnn.run(rnn.cell, [5, 6])
+
+
+@converter("DynamicQuantizeLSTM")
+def _dynamic_quantize_lstm(b, n, a):
+    rnn = _QLstm(b, n, a)
+    _no_peepholes(b, n)
     rnn.run(rnn.cell, [5, 6])
 
 
