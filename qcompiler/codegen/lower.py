@@ -527,7 +527,7 @@ def lower(graph: Graph, spec: TargetSpec, sources: dict | None = None, gpu_sched
     kernel's name -> (unscheduled PrimFunc, schedule kind) (codegen/tune.py).
     ``gpu_schedules=False`` leaves every CUDA kernel unscheduled: the module also compiles for a CPU
     then (tests check the CUDA computes there)."""
-    low = Lowering(_dequantized_weights(graph), spec, gpu_schedules)
+    low = Lowering(_codegen_graph(graph, spec), spec, gpu_schedules)
     mod = low.run()
     if sources is not None:
         sources.update(low.sources)
@@ -538,7 +538,7 @@ def lower_shape(bb: relax.BlockBuilder, name: str, graph: Graph, spec: TargetSpe
                 share: Lowering | None = None) -> Lowering:
     """Add ``graph``'s function ``name`` to ``bb``'s module, reusing the identical kernels and
     constants of ``share``: the same model at another input shape (``--dynamic``'s buckets)."""
-    low = Lowering(_dequantized_weights(graph), spec)
+    low = Lowering(_codegen_graph(graph, spec), spec)
     low.pool = {}
     if share is not None:
         low.share_kernels(share)
@@ -547,17 +547,17 @@ def lower_shape(bb: relax.BlockBuilder, name: str, graph: Graph, spec: TargetSpe
     return low
 
 
-def _dequantized_weights(graph: Graph) -> Graph:
-    """A pre-quantized (QDQ) model's int8 weights behind DequantizeLinear as float constants (on a
-    copy; the ``dequantize-weights`` pass): the float kernels take constant weights. Activations'
-    Q/DQ stay and run as the element-wise kernels of :mod:`.kernels.quant`."""
+def _codegen_graph(graph: Graph, spec: TargetSpec) -> Graph:
+    """``graph`` as the kernels take it (a copy where anything changes): a QDQ model's int8 weights
+    behind DequantizeLinear as float constants (``dequantize-weights``; activations' Q/DQ stay),
+    then the padded channels its convs compute stored (:mod:`.channel_padding`)."""
     from ..passes import PassContext
     from ..passes.dequantize_weights import constant_quant_ops, dequantize_weights
-    if not constant_quant_ops(graph):
-        return graph
-    graph = graph.clone()
-    dequantize_weights(graph, PassContext())
-    return graph
+    from .channel_padding import padded_graph
+    if constant_quant_ops(graph):
+        graph = graph.clone()
+        dequantize_weights(graph, PassContext())
+    return padded_graph(graph, spec)
 
 
 def tvm_compile(mod: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:

@@ -1,7 +1,8 @@
 """Output channels padded to the vector width (qcompiler/codegen/kernels/conv.py, padded_channels):
 a group-1 conv whose channel count only a narrow block divides (SSDLite's 546 = 2·273) accumulates
-k rounded up to the vector width with zero weights, and stores only its k channels; the numbers
-are the conv's, whether the padded accumulator is a graph output or feeds the next conv."""
+k rounded up to the vector width with zero weights, and stores them padded where a narrower
+block than 4 lanes would divide k (codegen/channel_padding.py); the numbers are the conv's, whether
+the padded accumulator is a graph output or feeds the next conv."""
 from __future__ import annotations
 
 import numpy as np
@@ -92,8 +93,9 @@ def test_accumulator_is_padded_to_full_vectors(cpu):
             stored.append(tuple(int(d) for d in f.script().split("out: T.Buffer((")[1].split(")")[0].split(", ")))
     assert shapes and shapes[0][1] * shapes[0][4] == padded_channels(42, vw, 32 * 9) == 48, shapes
     assert shapes[0][4] >= vw // 2, shapes     # whole vectors (or two per tile), not 2-lane blocks
-    # the intermediate is stored as an unpadded conv would store it: 42 channels in blocks of 2
-    assert stored[0] == (1, 21, 9, 9, 2), stored
+    # the intermediate is stored as the accumulator computes it (the pad-channels rewrite of
+    # codegen/channel_padding.py): 48 channels in whole vectors, not 42 in 2-lane blocks
+    assert stored[0] == (1, 48 // vw, 9, 9, vw), stored
 
 
 @pytest.mark.parametrize("with_next", [False, True], ids=["graph-output", "feeds-a-conv"])
@@ -106,3 +108,27 @@ def test_padded_conv_matches_numpy(with_next):
     assert got.shape == ref.shape
     # float32 sums of <= 288 terms of unit-scale products: 1e-5 of max|ref| is ~100 ulps of margin
     assert float(np.abs(got - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+
+
+def test_int8_chain_stores_padded_channels_and_keeps_its_integers(monkeypatch):
+    """A quantized 10-channel conv -> depthwise -> conv chain on x86: its convs store 16 channels
+    in one 16-lane block (pad-channels, codegen/channel_padding.py), and the artifact's outputs
+    equal the integer reference interpreter's bit for bit, as with the rewrite turned off."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "passes"))
+    from test_pad_channels import quantized_chain
+
+    from qcompiler.codegen.channel_padding import padded_graph
+    from qcompiler.quant.reference import run
+    graph, feed = quantized_chain()
+    spec = TargetSpec("x86", cpu="znver4", dtype="int8")
+    padded = padded_graph(graph, spec)
+    assert sorted(op.results[0].shape[1] for op in padded.ops if op.kind == "QLinearConv") == [8, 16, 16]
+    ref = run(graph, feed)
+    for env in ("1", "0"):
+        monkeypatch.setenv("QC_PAD_CHANNELS", env)
+        vm = relax.VirtualMachine(build_module(graph, TargetSpec("x86", dtype="int8")), tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(feed["x"]))
+        for g, r in zip(got, ref):
+            np.testing.assert_array_equal(g.numpy(), r)

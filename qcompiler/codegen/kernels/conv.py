@@ -59,9 +59,10 @@ def padded_channels(k: int, vw: int, k_red: int) -> int:
     ``b`` that divides ``k`` fills at most a quarter of a vector and the vector multiply-adds saved
     per output pixel, ``k_red · (k/b - kp/vw)`` (``k_red`` = input channels x taps), exceed what
     storing its ``k`` elements from the padded tile costs (:data:`STORE_FMAS` each). ONNX Runtime's
-    NCHWc convs pad every filter count to the block. The output is still stored in the block b
-    (the layout its readers got before; MTCNN-RNet's 28-channel conv written plain NCHW made its
-    MaxPool scalar, 1 -> 16 us). SSDLite's 672->546 classification-head conv on AVX-512 ran on
+    NCHWc convs pad every filter count to the block. The output is stored in the block b (the
+    layout its readers got before; MTCNN-RNet's 28-channel conv written plain NCHW made its
+    MaxPool scalar, 1 -> 16 us), except where b < 4 lanes: then the graph stores the padded
+    channels themselves (:mod:`..channel_padding`). SSDLite's 672->546 classification-head conv on AVX-512 ran on
     2-lane blocks (546 = 2·273): 6.6 ms of a 14.8 ms model, against 1.4 ms for ORT's; padded to
     560 it runs on full vectors (1.4 ms). A 24->36 1x1 conv (4-lane blocks over 24 input
     channels) saves less than its stores cost and stays (0.205 ms; padded, 0.30)."""
