@@ -11,6 +11,7 @@ from the ONNX model under the same name)::
     ... {HardSwish}                  ->  ... -> Conv -> HardSwish -> Q   (no Q between: ORT computes it in float)
     ... {HardSwish [alpha, beta, S]} ->  ... -> Conv -> Mul(S) -> HardSigmoid -> Mul(conv, .) -> Q
     QLinearGemm(aq, wq, bq)          ->  DQ ... -> Gemm(transB = 1) -> Q
+    ... with a float32 result        ->  DQ ... -> Conv|Gemm [-> Relu|Clip]   (no Q: multiplier = [])
     QLinearAdd(aq, bq) {Relu}        ->  DQ, DQ -> Add -> Relu -> Q
     QLinearMul(aq, bq) {Relu}        ->  DQ, DQ -> Mul -> Relu -> Q
     QLinear(Global)AveragePool(xq)   ->  DQ -> (Global)AveragePool -> Q
@@ -148,7 +149,8 @@ def to_qdq_graph(graph: Graph, *, float_bias: bool = False, uint8_weights: bool 
     exactly on every CPU."""
     g = graph.clone()
     for op in g.ops:
-        if op.kind in _FLOAT_FORM and op.results and (op.result.type.quant is not None or op.kind == "QLinearGemm"):
+        if op.kind in _FLOAT_FORM and op.results and (op.result.type.quant is not None
+                                                      or op.kind in ("QLinearConv", "QLinearGemm")):
             if uint8_weights and op.kind in ("QLinearConv", "QLinearGemm"):
                 _weights_as_uint8(g, op)
             _expand(g, op, float_bias)
@@ -211,7 +213,7 @@ def _expand(g: Graph, op: Op, float_bias: bool) -> None:
             y = _scaled_hardswish(g, y, params, name, op)
         elif act:
             y = make_activation(g, act, params, y, name=f"{name}/{act.lower()}", before=op).result
-    if r.type.quant is None:                        # a dequantizing QLinearGemm: its float result as it is
+    if r.type.quant is None:                        # a dequantizing QLinearConv/Gemm: its float result as it is
         g.replace_op(op, [y])
         g.rename_op(y.producer, name)
         if not g.has_value(rname):

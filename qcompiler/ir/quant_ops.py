@@ -64,6 +64,8 @@ def check_attr(hs, channels: int) -> str | None:
 #   QLinearConv(xq, wq[, bq])   acc = sum (xq - z_x) * wq + bq       (wq symmetric: z_w = 0), m/s per
 #   QLinearGemm(aq, wq[, bq])   acc = sum_k (aq[i,k] - z_a) * wq[j,k] + bq[j]   output channel or one
 #                               (wq is N x K: weight rows are output channels, like Gemm transB=1)
+#   (QLinearConv and QLinearGemm with ``multiplier = []``: the float32 result f32(acc) * f32(s_x s_w[c]),
+#    clamped by a Relu/Clip activation, for a layer whose result no integer op reads)
 #   QLinearAdd(aq, bq)          q = clamp(z_out + rrs((aq-z_a)*m_a + (bq-z_b)*m_b, s)), multiplier [m_a, m_b], shift [s]
 #   QLinearMul(aq, bq)          acc = (aq - z_a) * (bq - z_b) (numpy broadcasting), M = s_a * s_b / s_out
 #   QLinearGlobalAveragePool(xq), QLinearAveragePool(xq)   acc = window sum of (xq - z_x), M = s_x / (s_out * count)
@@ -145,8 +147,10 @@ def _check_weight_bias(kind: str, ts, channels: int) -> None:
 
 def _qlinear_conv(ts, a):
     _check_weight_bias("QLinearConv", ts, ts[1].shape[0])
-    _requant_attrs("QLinearConv", a, ts[1].shape[0], act="epilogue")
     out = _conv([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
+    if _float_result("QLinearConv", a):            # float32 result: y = f32(acc) * f32(s_x s_w[c])
+        return [TensorType(out.shape, "float32")]
+    _requant_attrs("QLinearConv", a, ts[1].shape[0], act="epilogue")
     return [TensorType(out.shape, ts[0].dtype)]
 
 
@@ -155,17 +159,26 @@ def _qlinear_gemm(ts, a):
     if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
         raise InferError(f"QLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
     _check_weight_bias("QLinearGemm", ts, W.shape[0])
-    if dequantizes(a):                              # float32 result: y = f32(acc) * f32(s_a s_w[n])
-        if a.get("shift") or a["activation"] not in ("", "Relu", "Clip"):
-            raise InferError("QLinearGemm with a float32 result (multiplier = []) takes no shift and only a "
-                             "Relu/Clip activation")
+    if _float_result("QLinearGemm", a):            # float32 result: y = f32(acc) * f32(s_a s_w[n])
         return [TensorType((A.shape[0], W.shape[0]), "float32")]
     _requant_attrs("QLinearGemm", a, W.shape[0], act="epilogue")
     return [TensorType((A.shape[0], W.shape[0]), A.dtype)]
 
 
+def _float_result(kind: str, a: dict) -> bool:
+    """Whether a QLinearConv/QLinearGemm returns its float32 (dequantized) result (``multiplier =
+    []``), checking that such an op has no shift and at most a Relu/Clip (a float clamp)."""
+    if not dequantizes(a):
+        return False
+    if a.get("shift") or a["activation"] not in ("", "Relu", "Clip") or a.get("hardswish"):
+        raise InferError(f"{kind} with a float32 result (multiplier = []) takes no shift and only a "
+                         "Relu/Clip activation")
+    return True
+
+
 def dequantizes(a: dict) -> bool:
-    """Whether a QLinearGemm's attributes ask for its float32 (dequantized) result: ``multiplier = []``."""
+    """Whether a QLinearConv/QLinearGemm's attributes ask for its float32 (dequantized) result:
+    ``multiplier = []``."""
     m = a.get("multiplier")
     return m is not None and len(m) == 0
 
@@ -212,8 +225,10 @@ register_op("QuantizeLinear", _quantize_linear, quantized_result=True,
             doc="q = saturate(round_half_even(x / scale) + zero_point); params in the result type")
 register_op("DequantizeLinear", _dequantize_linear, doc="x = (q - zero_point) * scale; params in the operand type")
 register_op("QLinearConv", _qlinear_conv, {"strides": None, "dilations": None, "pads": None, "group": 1,
-                                           **_ACT, **_RQ, "hardswish": []}, (2, 3), quantized_result=True,
-            doc="int8 conv: xq, wq[, bq int32]; fixed-point requantization")
+                                           **_ACT, **_RQ, "hardswish": []}, (2, 3),
+            quantized_result=lambda a: not dequantizes(a),
+            doc="int8 conv: xq, wq[, bq int32]; fixed-point requantization, or with multiplier = [] the "
+                "float32 result f32(acc) * f32(s_x s_w[c]) (no integer op reads it)")
 register_op("QLinearGemm", _qlinear_gemm, {**_ACT, **_RQ, "hardswish": []}, (2, 3),
             quantized_result=lambda a: not dequantizes(a),
             doc="int8 A (M x K) times W^T (W: N x K) plus int32 bias; fixed-point requantization, or with "

@@ -10,8 +10,9 @@ QuantizeLinear; the importer keeps each Q/DQ with its scale and zero point as th
     DQ(x_q) DQ(w_q) [DQ(b_q)] -> Conv [-> Relu|Clip|HardSwish] -> Q   =>   QLinearConv(x_q, w_q, b_q)
     DQ(x_q) DQ(w_q) [b] -> Gemm|MatMul [-> act] -> Q                  =>   QLinearGemm (MatMul of a
                                                                            rank-3 input: Reshape, QLinearGemm, Reshape)
-    DQ(x_q) DQ(w_q) [b] -> Gemm|MatMul [{Relu|Clip}], no Q after      =>   QLinearGemm with a float32 result
-                                                                           (TensorRT-style Q/DQ on inputs only)
+    DQ(x_q) DQ(w_q) [b] -> Conv|Gemm|MatMul [{Relu|Clip}], no Q after =>   QLinearConv|QLinearGemm with a float32
+                                                                           result (TensorRT-style Q/DQ on inputs
+                                                                           only; our export of such a layer)
     DQ(a_q) DQ(b_q) -> Add|Mul [-> Relu|Clip] -> Q                    =>   QLinearAdd | QLinearMul
     DQ(x_q) -> GlobalAveragePool|AveragePool -> Q                     =>   QLinear(Global)AveragePool
     DQ(x_q) -> MaxPool|Reshape|Transpose|Slice|Pad|Relu|... -> Q      =>   the op on x_q (Requantize where
@@ -258,8 +259,8 @@ class Folder:
         self.put(q, out, dead, new, {"output": qp_summary(qo), **info})
 
     def linear(self, op: Op, q: Op | None, act: str, params: list, out_type) -> tuple:
-        """The QLinearConv/QLinearGemm of ``op`` requantized to ``q``'s params, or (``q`` None, a
-        Gemm) with its float32 result."""
+        """The QLinearConv/QLinearGemm of ``op`` requantized to ``q``'s params, or (``q`` None) with
+        its float32 result."""
         g, qo = self.g, q.result.type.quant if q is not None else None
         anchor, rname = (q, q.result.name) if q is not None else (op, op.result.name)
         if len(op.operands) > 3:
@@ -335,11 +336,13 @@ class Folder:
         return new, new.result, info
 
     def run_float_results(self) -> None:
-        """A Gemm/MatMul of a DequantizeLinear'd activation by a DequantizeLinear'd constant whose
-        result no QuantizeLinear takes (TensorRT's explicit quantization puts Q/DQ on the inputs of a
-        layer only; our own export of a GEMM that returns float32): QLinearGemm with a float32 result."""
+        """A Conv/Gemm/MatMul of a DequantizeLinear'd activation by a DequantizeLinear'd constant
+        whose result no QuantizeLinear takes (TensorRT's explicit quantization puts Q/DQ on the inputs
+        of a layer only; our own export of a conv/GEMM that returns float32): QLinearConv/QLinearGemm
+        with a float32 result."""
         for op in list(self.g.ops):
-            if op.graph is None or op.kind not in GEMMS or op.name in self.layers or op.result.type.quant is not None:
+            if op.graph is None or op.kind not in CONVS + GEMMS or op.name in self.layers \
+                    or op.result.type.quant is not None:
                 continue
             x = op.operands[0]
             while _moves(x.producer):

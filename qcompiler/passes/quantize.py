@@ -30,7 +30,9 @@ onnxruntime as their QDQ export; :func:`~.quantize_bias.bias_correction_helps`: 
    ===============================================  =========================================
    float op                                         becomes
    ===============================================  =========================================
-   Conv, FusedConv (act "", Relu, Clip), const W/B  QLinearConv (rank-4 input)
+   Conv, FusedConv (act "", Relu, Clip), const W/B  QLinearConv (rank-4 input); with a float32
+                                                    result when no integer op reads it (a PRelu's
+                                                    input, a detector head)
    FusedConv/FusedGemm act HardSwish, or a          QLinearConv/QLinearGemm with activation
    Conv/Gemm whose output z feeds only              "HardSwish": a float32 epilogue with ONE
    z·HardSigmoid(S·z) (equalize's form, S > 0)      quantization point (qcompiler.quant.hardswish)
@@ -48,15 +50,20 @@ onnxruntime as their QDQ export; :func:`~.quantize_bias.bias_correction_helps`: 
                                                     HardSigmoid, gets a QuantizeLinear);
                                                     y_q = z_y + rrs((a_q-z_a)(b_q-z_b) m, s)
    Relu, Clip after a QLinear op (single use)       folded into its output clamp
-   GlobalAveragePool / AveragePool                  QLinear... (input quantized; constant count)
+   GlobalAveragePool / AveragePool                  QLinear... (input quantized; constant count),
+                                                    float when no integer op reads the result
    MaxPool, GlobalMaxPool, Reshape, Flatten,        the same op on the quantized value, with the
    Transpose, Squeeze, Unsqueeze, Slice, Pad,       input's params (Pad pads with the zero point)
    Relu, Clip
    Concat                                           Concat of quantized values sharing the output's
                                                     params (Requantize where an input differs and
-                                                    its producer cannot emit them directly)
+                                                    its producer cannot emit them directly); float
+                                                    when no integer op reads the result
    anything else (Softmax, Sigmoid, ...)            float, DequantizeLinear before it and
-                                                    QuantizeLinear after it where needed
+                                                    QuantizeLinear after it where needed (an
+                                                    element-wise one between a DequantizeLinear and
+                                                    a QuantizeLinear: a table on the stored values,
+                                                    an integer reader of a conv, pool or Concat)
    ===============================================  =========================================
 
 3. calibrate: one :func:`~qcompiler.quant.calibrate.collect_ranges` pass of the float graph over

@@ -162,7 +162,7 @@ def _is_layer(op: Op, float_layers: set[str]) -> bool:
     if op.kind == "DequantizeLinear" or len(op.results) != 1:      # multi-result ops (Split) are not layers
         return False
     return (op.result.type.quant is not None or op.name in float_layers
-            or op.kind in ("QLinearGemm", "DynamicQLinearGemm"))
+            or op.kind in ("QLinearConv", "QLinearGemm", "DynamicQLinearGemm"))
 
 
 def quantized_ops(graph: Graph) -> list[Op]:
@@ -195,7 +195,7 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         qp = op.result.type.quant
         row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name,
                                "shape": list(op.result.shape)}
-        if qp is None and op.kind in ("QLinearGemm", "DynamicQLinearGemm"):   # int8 GEMM, float32 result
+        if qp is None and op.kind in ("QLinearConv", "QLinearGemm", "DynamicQLinearGemm"):   # float32 result
             row.update(precision="int8>f32", weight=_weight_row(op))
             if op.kind == "DynamicQLinearGemm":
                 p = op.operands[1].producer
@@ -497,7 +497,7 @@ def format_table(report: dict) -> str:
                   if x["per_channel"] else f"tensor: {x['scale_min']:.2e}")
         src = r.get("range_source", "")
         src = "calibrated" if src.startswith(CALIBRATED) else {INHERITED: "input's", CONCAT: "concat's"}.get(src, src)
-        if "scale" not in r:                            # an int8 GEMM with a float32 result
+        if "scale" not in r:                            # an int8 conv/GEMM with a float32 result
             lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {'int8':<6} {'f32 out':>10} {'':>4}  "
                          f"{wt:<29} {'':<20} {sq:>8}")
             continue

@@ -187,18 +187,24 @@ def _add_bias(acc: np.ndarray, op: Op, xs, axis: int = 1) -> np.ndarray:
 def _qconv(op, xs, a):
     w = xs[1]
     x, dt, chunk = _shifted_input(op, xs, int(np.prod(w.shape[1:])))
-    acc = conv_sum(x, w, a, _out_spatial(op), dt, chunk)
-    return [_requant_out(op, _add_bias(acc, op, xs), a)]
+    acc = _add_bias(conv_sum(x, w, a, _out_spatial(op), dt, chunk), op, xs)
+    return [_float_or_requant(op, acc, a)]
 
 
 @kernel("QLinearGemm")
 def _qgemm(op, xs, a):
     A, dt, chunk = _shifted_input(op, xs, xs[1].shape[1])
     acc = _add_bias(chunked_matmul(A, xs[1].astype(dt).T, chunk), op, xs)
-    if op.result.type.quant is None:                # float32 result: the dequantizing epilogue
-        return [dequantized(acc, op.operands[0].type.quant.scale[0], op.operands[1].type.quant.scale,
-                            a["activation"], a["activation_params"] or [])]
-    return [_requant_out(op, acc, a)]
+    return [_float_or_requant(op, acc, a)]
+
+
+def _float_or_requant(op: Op, acc: np.ndarray, a: dict) -> np.ndarray:
+    """A QLinearConv/QLinearGemm's result from its int32 accumulator (bias included, channels on
+    axis 1): requantized, or for a float32 result (``multiplier = []``) the dequantizing epilogue."""
+    if op.result.type.quant is None:
+        return dequantized(acc, op.operands[0].type.quant.scale[0], op.operands[1].type.quant.scale,
+                           a["activation"], a["activation_params"] or [])
+    return _requant_out(op, acc, a)
 
 
 def _samples(op, A: np.ndarray) -> list[np.ndarray]:

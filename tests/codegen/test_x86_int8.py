@@ -67,7 +67,7 @@ def qin(qp: QuantParams, shape):
 
 
 def add_qconv(g, x, o, k, *, group=1, s=(1, 1), d=(1, 1), p=(0, 0, 0, 0), act="", params=(), bias=True,
-              out_qp=None, per_channel=True):
+              out_qp=None, per_channel=True, float_result=False):
     sx = x.type.quant.scale[0]
     c = x.type.shape[1]
     ws = tuple(float(v) for v in RNG.uniform(0.002, 0.01, o)) if per_channel else (0.005,)
@@ -86,8 +86,11 @@ def add_qconv(g, x, o, k, *, group=1, s=(1, 1), d=(1, 1), p=(0, 0, 0, 0), act=""
              "activation": act, "activation_params": list(params), "multiplier": ms, "shift": ss}
     if act == "HardSwish":
         attrs.update(hardswish.epilogue_attrs(sx, ws, out_qp, params, o))
+    if float_result:                                # f32(acc) * f32(s_x s_w[c]): no output params
+        attrs.update(multiplier=[], shift=[])
     shape = infer_types("QLinearConv", [v.type for v in operands], attrs)[0].shape
-    return g.create_op("QLinearConv", operands, attrs, result_types=[TensorType(shape, x.type.dtype, out_qp)]).result
+    out = TensorType(shape, "float32") if float_result else TensorType(shape, x.type.dtype, out_qp)
+    return g.create_op("QLinearConv", operands, attrs, result_types=[out]).result
 
 
 CONVS = [  # (C, O, group, kernel, strides, dilations, pads, activation)
@@ -192,6 +195,40 @@ def test_qlineargemm_float_result_bit_exact(storage, m, k, n, act):
     want = np.maximum(want, 0) if act == "Relu" else np.clip(want, -0.5, 0.75) if act == "Clip" else want
     np.testing.assert_array_equal(got, want.astype(np.float32))
     check_exact(g, {"a": a}, f"QLinearGemm -> f32 {storage} {m}x{k}x{n} {act}")
+
+
+FLOAT_CONVS = [  # (C, O, group, kernel, strides, pads, activation): the kernels' paths
+    (16, 32, 1, (3, 3), (1, 1), (1, 1, 1, 1), ""),          # 3x3 stride 1: Winograd / dot products
+    (32, 32, 32, (3, 3), (2, 2), (1, 1, 1, 1), "Relu"),     # depthwise: the exact float32 kernel
+    (16, 64, 1, (1, 1), (1, 1), (0, 0, 0, 0), "Clip"),      # pointwise
+    (3, 5, 1, (2, 3), (2, 1), (0, 1, 1, 0), ""),            # odd channels: the blocked int16 conv
+]
+
+
+@pytest.mark.parametrize("storage", ["uint8", "int8"])
+@pytest.mark.parametrize("c, o, group, k, s, p, act", FLOAT_CONVS)
+def test_qlinearconv_float_result_bit_exact(storage, c, o, group, k, s, p, act):
+    """multiplier = []: the int8 conv returns f32(acc) * f32(s_x s_w[c]) (a conv whose result only
+    float ops read, e.g. a PRelu), clamped by a fused Relu/Clip, bit for bit as the reference, whose
+    value is that formula on the exact integer accumulator."""
+    from qcompiler.ir.windows import conv_sum
+    g = Graph("q")
+    qx = ACT[storage]
+    x = g.add_input("x", TensorType((2, c, 9, 10), storage, qx))
+    params = (-0.5, 0.75) if act == "Clip" else ()
+    q = add_qconv(g, x, o, k, group=group, s=s, p=p, act=act, params=params, float_result=True)
+    g.outputs = [q]
+    xs = qin(qx, (2, c, 9, 10))
+    got = reference.run(g, {"x": xs})[0]
+    w, b = g.consts["w"], g.consts["b"]
+    acc = conv_sum(xs.astype(np.float64) - qx.zero_point[0], w.data.astype(np.float64),
+                   {"strides": list(s), "dilations": [1, 1], "pads": list(p), "group": group},
+                   q.type.shape[2:]) + b.data.reshape(1, -1, 1, 1)
+    sc = np.float32(qx.scale[0]) * np.asarray(w.type.quant.scale, np.float32)
+    want = acc.astype(np.float32) * sc.reshape(1, -1, 1, 1)
+    want = np.maximum(want, 0) if act == "Relu" else np.clip(want, *np.float32(params)) if act == "Clip" else want
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    check_exact(g, {"x": xs}, f"QLinearConv -> f32 {storage} {c}->{o} g{group} {act}")
 
 
 @pytest.mark.parametrize("shifts", [(33, 34, 36, 38, 40, 44, 55, 62), (32, 33, 36, 38, 40, 44, 55, 62)])

@@ -67,8 +67,8 @@ def test_mtcnn_int8_builds_runs_and_keeps_prelu_float(tmp_path):
     kinds = {d.get("kind"): d.get("precision") for d in _dicts(layers) if "precision" in d}
     prelus = [d for d in _dicts(layers) if d.get("kind") == "PRelu"]
     assert len(prelus) == 4 and all(d.get("precision") == "float" for d in prelus), kinds
-    # the GEMMs feed PRelu (float): int8 GEMMs with float32 results ("int8>f32")
-    assert kinds.get("QLinearConv") in ("uint8", "int8") and kinds.get("QLinearGemm") in ("uint8", "int8", "int8>f32"), kinds
+    # the convs and GEMMs feed PRelu (float): int8 convs and GEMMs with float32 results ("int8>f32")
+    assert kinds.get("QLinearConv") == "int8>f32" and kinds.get("QLinearGemm") in ("uint8", "int8", "int8>f32"), kinds
     x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
     _close(qc.load(out)(x), ort_run(path, {name: x}), 0.3, "rnet int8")
 

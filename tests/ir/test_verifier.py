@@ -102,3 +102,26 @@ def test_collect_errors_lists_every_problem():
     sig.result.type = TensorType((1, 3, 4, 4), "float16")
     errs = collect_errors(g)
     assert any("Relu 'relu1'" in e for e in errs) and any("Sigmoid 'sig1'" in e for e in errs)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"multiplier": [], "shift": [30]}, r"op QLinearConv 'qc': QLinearConv with a float32 result \(multiplier = \[\]\) "
+                                        r"takes no shift and only a Relu/Clip activation"),
+    ({"multiplier": [], "shift": [], "activation": "HardSwish"}, r"takes no shift and only a Relu/Clip activation"),
+    ({"multiplier": [], "shift": []}, None),
+])
+def test_qlinearconv_float_result_takes_no_requantization(attrs, message):
+    """QLinearConv with ``multiplier = []`` returns f32(acc) s_x s_w[c]: its result is float32 and
+    a shift or an epilogue other than a clamp is an error."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((1, 2, 3, 3), "uint8", QuantParams("uint8", (0.02,), (128,))))
+    w = g.add_const(np.ones((4, 2, 1, 1), np.int8), "w", QuantParams("int8", (0.01,) * 4, (0,) * 4, axis=0))
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, "activation": "",
+         "activation_params": [], **attrs}
+    op = g.create_op("QLinearConv", [x, w], a, result_types=[TensorType((1, 4, 3, 3), F)], name="qc")
+    g.outputs = [op.result]
+    if message is None:
+        g.verify()
+    else:
+        with pytest.raises(IRError, match=message):
+            g.verify()

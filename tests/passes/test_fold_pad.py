@@ -285,16 +285,18 @@ def test_compiled_x86_fp32_matches_onnx_runtime():
 
 # ---- the quantized path: fold-pad runs before quantize, the quantized graph still builds ----------
 def _stem_model():
-    """Pad -> Conv s2 -> Relu -> Pad(-inf) -> MaxPool -> Pad(0) -> AveragePool(count_include_pad).
-    Without fold-pad the Pad of the input is quantized on its own: its range is given as the input's."""
+    """Pad -> Conv s2 -> Relu -> Pad(-inf) -> MaxPool -> Pad(0) -> AveragePool(count_include_pad) ->
+    1x1 Conv (an integer reader of the pool, which would stay float without one). Without fold-pad the
+    Pad of the input is quantized on its own: its range is given as the input's."""
     pn, inits = _pad_node([0, 0, 0, 0, 0, 0, 1, 1])
     nodes = [pn, helper.make_node("Conv", ["p", "w", "b"], ["c"], strides=[2, 2], kernel_shape=[3, 3]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Pad", ["r", "pads", "ninf"], ["q"], mode="constant"),
              helper.make_node("MaxPool", ["q"], ["m"], kernel_shape=[3, 3], strides=[2, 2]),
              helper.make_node("Pad", ["m", "pads", "pv"], ["s"], mode="constant"),
-             helper.make_node("AveragePool", ["s"], ["y"], kernel_shape=[2, 2], count_include_pad=1)]
-    return _model(nodes, [1, 3, 16, 16], {**inits, "w": _w(8, 3, 3, 3), "b": _w(8),
+             helper.make_node("AveragePool", ["s"], ["a"], kernel_shape=[2, 2], count_include_pad=1),
+             helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[1, 1])]
+    return _model(nodes, [1, 3, 16, 16], {**inits, "w": _w(8, 3, 3, 3), "b": _w(8), "w2": _w(4, 8, 1, 1),
                                           "ninf": np.array(-np.inf, np.float32)})
 
 
@@ -311,7 +313,7 @@ def test_quantized_after_fold_matches_quantized_without_it_and_builds():
     from qcompiler.quant import reference
     model = _stem_model()
     x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    ranges = {"x": (-3.0, 3.0), "p": (-3.0, 3.0), "c": (-4.0, 4.0), "r": (0.0, 4.0), "m": (0.0, 4.0), "y": (0.0, 4.0)}
+    ranges = {"x": (-3.0, 3.0), "p": (-3.0, 3.0), "c": (-4.0, 4.0), "r": (0.0, 4.0), "m": (0.0, 4.0), "a": (0.0, 4.0)}
     out = {}
     for name, pipeline in (("fold", "default,quantize"),
                            ("nofold", ",".join(p for p in parse_pipeline("default") if p != "fold-pad") + ",quantize")):

@@ -153,6 +153,32 @@ def test_ort_quantize_static_fashion_mobilenet_matches_ort_top1(tmp_path):
     assert np.mean(ours == theirs) >= 0.995
 
 
+def test_conv_with_qdq_on_its_inputs_only_returns_float32():
+    """A conv whose result no QuantizeLinear takes (PRelu reads it: what our export writes for a
+    conv that only float ops read): one QLinearConv with a float32 result (``multiplier = []``),
+    equal to ONNX Runtime's float Conv of the dequantized operands up to the float bias
+    re-expressed at s_x s_w (half its step) and float32 rounding; the PRelu stays float."""
+    c, o = 3, 4
+    w = RNG.integers(-127, 128, (o, c, 3, 3)).astype(np.int8)
+    ws = (RNG.random(o) * 0.01 + 0.001).astype(np.float32)
+    inits = {"s": np.float32(0.02), "z": np.uint8(128), "w": w, "ws": ws,
+             "b": RNG.normal(0, 0.1, o).astype(np.float32), "slope": np.full((o, 1, 1), 0.25, np.float32)}
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+             h.make_node("Conv", ["xd", "wd", "b"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("PRelu", ["c", "slope"], ["y"])]
+    x = RNG.uniform(-2, 2, (1, c, 6, 6)).astype(np.float32)
+    m = model(nodes, inits, x.shape, opset=13)
+    _, g = folded(m)
+    conv = [op for op in g.ops if op.kind == "QLinearConv"]
+    assert len(conv) == 1 and conv[0].result.dtype == "float32" and conv[0].attrs["multiplier"] == []
+    assert [u.kind for u in conv[0].result.users] == ["PRelu"]
+    (ref,) = ort_plain(m, {"x": x})
+    (got,) = reference.run(g, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=0, atol=0.5 * 0.02 * float(ws.max()) + 2e-6)
+
+
 def test_gemm_with_qdq_on_its_inputs_only_returns_float32():
     """TensorRT-style explicit quantization: Q/DQ on the activation, DQ on the int8 weight (per
     channel), a float bias, MatMul of a rank-3 input, no Q after it (Tanh reads it): one QLinearGemm

@@ -95,7 +95,9 @@ MISC = """graph @g(%x: tensor<1x2x6x6xf32>) {
   %c = Clip(%a) {max = 0.5, min = -0.25} : tensor<1x2x4x4xf32>
   %t = Transpose(%c) {perm = [0, 1, 3, 2]} : tensor<1x2x4x4xf32>
   %m = GlobalMaxPool(%t) : tensor<1x2x1x1xf32>
-  return %m
+  %i = const dense<[1.0, 0.0, 0.0, 1.0]> : tensor<2x2x1x1xf32>
+  %o = Conv(%m, %i) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x1x1xf32>
+  return %o
 }"""
 
 
@@ -105,7 +107,7 @@ def test_pad_avgpool_clip_transpose_globalmaxpool(dtype):
     opts = QuantizeOptions(ranges={"x": (-1, 1), "y": (-2, 2), "a": (-1, 1)}, activation_dtype=dtype)
     PassManager("quantize", ctx=PassContext(options={"quantize": opts})).run(g)
     assert [op.kind for op in g.ops] == ["QuantizeLinear", "QLinearConv", "Pad", "QLinearAveragePool", "Clip",
-                                         "Transpose", "GlobalMaxPool", "DequantizeLinear"]
+                                         "Transpose", "GlobalMaxPool", "QLinearConv"]     # (a float32 result)
     m = export_qdq(g, uint8_weights=True)             # int8 weights: 10 LSB off on a Zen 3 (saturation)
     onnx.checker.check_model(m)
     rng = np.random.default_rng(5)
@@ -150,7 +152,9 @@ def test_symmetric_int8_activations_and_float_bias_for_tensorrt():
 SATURATING = """graph @g(%x: tensor<1x8x2x2xf32>) {
   %w = const dense<[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0]> : tensor<4x8x1x1xf32>
   %y = Conv(%x, %w) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x4x2x2xf32>
-  return %y
+  %i = const dense<[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]> : tensor<4x4x1x1xf32>
+  %o = Conv(%y, %i) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x4x2x2xf32>
+  return %o
 }"""
 
 
@@ -159,15 +163,16 @@ def test_uint8_weights_give_the_same_reals_and_ort_computes_them_exactly():
     2*255*127 = 64770, past int16, where ORT's U8S8 AVX2 kernel (vpmaddubsw, CPUs without VNNI)
     saturates. Written as uint8 w + 128 (zero point 128) the weights dequantize to the same
     reals, ORT still fuses DQ -> Conv -> Q into its QLinearConv, and its result equals the
-    reference interpreter's within 1 LSB on any CPU."""
+    reference interpreter's within 1 LSB on any CPU. (An identity conv reads the conv's result:
+    without an integer reader it would return float32, with no Q for ORT to fuse.)"""
     g = quantized(SATURATING, {"x": (0, 1), "y": (-9, 9)})
     m = export_qdq(g, uint8_weights=True)
     onnx.checker.check_model(m, full_check=True)
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     plain = {t.name: numpy_helper.to_array(t) for t in export_qdq(g).graph.initializer}
-    (wn,) = [n for n, a in inits.items() if a.dtype == np.uint8 and a.ndim == 4]
+    (wn,) = [n for n, a in inits.items() if a.dtype == np.uint8 and a.shape == (4, 8, 1, 1)]
     dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == wn)
-    (pn,) = [n for n, a in plain.items() if a.dtype == np.int8 and a.ndim == 4]
+    (pn,) = [n for n, a in plain.items() if a.dtype == np.int8 and a.shape == (4, 8, 1, 1)]
     pdq = next(n for n in export_qdq(g).graph.node if n.op_type == "DequantizeLinear" and n.input[0] == pn)
 
     def real(arrs, node):

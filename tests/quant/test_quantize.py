@@ -129,7 +129,9 @@ SE = """graph @g(%x: tensor<1x2x3x4xf32>) {
   %k = const dense<[0.5, -2.0]> : tensor<1x2x1x1xf32>
   %c = Mul(%m, %k) : tensor<1x2x3x4xf32> loc("scale")
   %q = GlobalAveragePool(%m) : tensor<1x2x1x1xf32> loc("gap2")
-  return %c, %q
+  %w2 = const dense<[1.0, 0.5]> : tensor<1x2x1x1xf32>
+  %h = Conv(%q, %w2) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x1x1xf32> loc("head")
+  return %c, %h
 }"""
 
 
@@ -137,14 +139,16 @@ def test_squeeze_excite_mul_becomes_qlinearmul():
     """Mul(x, HardSigmoid gate) -> QLinearMul: the float gate gets a QuantizeLinear (its range
     [0.5, 0.7], widened to hold 0: 0.7/255 @ 0); M = s_y s_g / s_m = s_g (s_y = s_m = 4/255),
     formed from the float32 scales: 0.7/255 = 1509133568 * 2^-39 (vs 1509133607 from the float64 0.7/255).
-    A Mul by a constant stays float (a second pool reads the product in integers: without an integer
-    reader the product would stay float too). Text round trip, the oracle against float (within 1 LSB of the
-    output plus the gate's half step times |y|), and onnxruntime on the QDQ export (within 1 LSB)."""
+    A Mul by a constant stays float (a second pool reads the product in integers, and a conv head the
+    pool: without an integer reader the product would stay float too). The gate's pool stays integer:
+    Q(HardSigmoid(DQ(p))) is a table on its stored values. Text round trip, the oracle against float
+    (within 1 LSB of the output plus the gate's half step times |y|), and onnxruntime on the QDQ
+    export (within 1 LSB)."""
     ranges = {"x": (-1.0, 1.0), "y": (0.0, 4.0), "p": (0.0, 2.0), "g": (0.5, 0.7), "m": (0.0, 4.0), "q": (0.0, 4.0)}
     g = quantize(SE, ranges=ranges)
     assert kinds(g) == ["QuantizeLinear", "QLinearConv", "QLinearGlobalAveragePool", "DequantizeLinear",
                         "HardSigmoid", "QuantizeLinear", "QLinearMul", "DequantizeLinear", "Mul",
-                        "QLinearGlobalAveragePool", "DequantizeLinear"]
+                        "QLinearGlobalAveragePool", "QLinearConv"]
     mul = g.find_ops("QLinearMul")[0]
     assert mul.name == "se" and [v.name for v in mul.operands] == ["y", "g_q"]
     gq = mul.operands[1].type.quant
@@ -170,6 +174,57 @@ def test_squeeze_excite_mul_becomes_qlinearmul():
     assert np.abs(ort_out - got).max() <= 2 * sm * 1.01
 
 
+PRELU = """graph @g(%x: tensor<1x2x4x4xf32>) {
+  %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
+  %b = const dense<[0.1, -0.2]> : tensor<2xf32>
+  %y = Conv(%x, %w, %b) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x4x4xf32> loc("conv")
+  %a = const dense<[0.25, 0.125]> : tensor<2x1x1xf32>
+  %p = PRelu(%y, %a) : tensor<1x2x4x4xf32> loc("prelu")
+  %w2 = const dense<[1.0, 0.5, -0.5, 0.25]> : tensor<2x2x1x1xf32>
+  %o = Conv(%p, %w2) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x4x4xf32> loc("conv2")
+  return %o
+}"""
+
+
+def test_conv_read_only_by_a_float_prelu_returns_float32():
+    """A conv that only a float op (PRelu) reads returns f32(acc) s_x s_w[c] (``multiplier = []``):
+    one rounding, on the grid of the PRelu's output (which conv2 reads), and none on a grid of the
+    conv's own output, whose negative side PRelu shrinks by its slope (no range of %y is asked
+    for: there is no calibration data, and no warning). conv2 is the graph output: float32 too.
+    Against float: within conv2's gain times half of p's step plus x's rounding through both
+    convs; against ONNX Runtime running the QDQ export: within float32 rounding, or a flipped
+    rounding of p (one step times conv2's gain)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = quantize(PRELU, ranges={"x": (-1, 1), "p": (-0.5, 2.5)})
+    assert_ir(g, """graph @g(%x: tensor<1x2x4x4xf32>) {
+  %a = const dense<[0.25, 0.125]> : tensor<2x1x1xf32>
+  %w_q = const dense<[63, -127, 16, 127]> : tensor<2x2x1x1x!quant.uniform<i8:f32:0, {0.007874017:0, 0.015748033:0}>>
+  %b_q = const dense<[1619, -1619]> : tensor<2x!quant.uniform<i32:f32:0, {6.1757e-05:0, 0.000123514:0}>>
+  %w2_q = const dense<[127, 63, -127, 63]> : tensor<2x2x1x1x!quant.uniform<i8:f32:0, {0.007874017:0, 0.0039370083:0}>>
+  %x_q = QuantizeLinear(%x) : tensor<1x2x4x4x!quant.uniform<u8:f32, 0.007843138:127>>
+  %y = QLinearConv(%x_q, %w_q, %b_q) {activation = "", activation_params = [], dilations = [1, 1], group = 1, multiplier = [], pads = [0, 0, 0, 0], shift = [], strides = [1, 1]} : tensor<1x2x4x4xf32>
+  %p = PRelu(%y, %a) : tensor<1x2x4x4xf32>
+  %p_q = QuantizeLinear(%p) : tensor<1x2x4x4x!quant.uniform<u8:f32, 0.011764706:42>>
+  %o = QLinearConv(%p_q, %w2_q) {activation = "", activation_params = [], dilations = [1, 1], group = 1, multiplier = [], pads = [0, 0, 0, 0], shift = [], strides = [1, 1]} : tensor<1x2x4x4xf32>
+  return %o
+}""")
+    assert g.meta["quant"]["layers"]["conv"]["output"] == {"dtype": "float32"}
+    again = parse_graph(print_graph(g))
+    again.verify()
+    x = np.random.default_rng(5).uniform(-1, 1, (8, 2, 4, 4)).astype(np.float32)
+    want = reference.run(parse_graph(PRELU), {"x": x})[0]
+    got = reference.run(g, {"x": x})[0]
+    gain = 1.5                                       # max row sum of |w2|
+    s_x, s_p = 2 / 255, 3 / 255
+    assert np.abs(got - want).max() <= gain * (s_p / 2 + 2.5 * s_x / 2 + 1e-4)   # |w| row sums <= 2.25
+    import onnxruntime as ort
+    sess = ort.InferenceSession(export_qdq(g, uint8_weights=True).SerializeToString(), providers=["CPUExecutionProvider"])
+    theirs = np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
+    d = np.abs(theirs - got)
+    assert d.max() <= gain * s_p * 1.01 and np.mean(d <= 1e-5) >= 0.95
+
+
 RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
   %w = const dense<[0.5, -1.0, 0.25, 2.0]> : tensor<2x2x1x1xf32>
   %b = const dense<[0.5, -0.25]> : tensor<2xf32>
@@ -179,12 +234,14 @@ RESIDUAL = """graph @g(%x: tensor<1x2x4x4xf32>, %z: tensor<1x2x4x4xf32>) {
 
 
 def test_prepare_splits_residual_and_float_activation():
-    """FusedConv(X, W, B, Z){HardSwish} -> QLinearConv -> DQ -> Add -> HardSwish (float): the residual
-    Add, which only the float HardSwish reads, stays float (no quantization point without an integer reader)."""
+    """FusedConv(X, W, B, Z){HardSwish} -> QLinearConv -> Add -> HardSwish (float): the residual
+    Add, which only the float HardSwish reads, stays float, and so the conv, which only that Add
+    reads, returns its float32 result (no quantization point without an integer reader)."""
     g = quantize(RESIDUAL, ranges={"x": (-1, 1), "z": (-2, 2), "y_acc": (-3, 3), "y_add": (-4, 4)})
-    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "DequantizeLinear", "Add", "HardSwish"]
+    assert kinds(g) == ["QuantizeLinear", "QLinearConv", "Add", "HardSwish"]
     conv, add = g.find_ops("QLinearConv")[0], g.find_ops("Add")[0]
-    assert conv.name == "conv" and conv.attrs["activation"] == "" and add.operands[0].producer.operands[0] is conv.result
+    assert conv.name == "conv" and conv.attrs["activation"] == "" and add.operands[0] is conv.result
+    assert conv.result.type.quant is None and conv.attrs["multiplier"] == [] and conv.result.dtype == "float32"
     assert add.name == "conv_add" and g.meta["quant"]["layers"]["conv_add"]["reason"] == "its result feeds no integer op"
     assert g.outputs[0].name == "y" and g.outputs[0].producer.kind == "HardSwish"
 
@@ -214,14 +271,16 @@ CONCAT = """graph @g(%x: tensor<1x2x2x2xf32>) {
   %b = Conv(%x, %w) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x2x2x2xf32>
   %s = Sigmoid(%b) : tensor<1x2x2x2xf32>
   %c = Concat(%a, %s, %b) {axis = 1} : tensor<1x6x2x2xf32>
-  return %c
+  %w3 = const dense<0.25> : tensor<1x6x1x1xf32>
+  %o = Conv(%c, %w3) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x2x2xf32>
+  return %o
 }"""
 
 
 def test_concat_inputs_share_the_output_params():
     """%a (used only by the concat) is emitted in the concat's params directly; the float %s is
     quantized straight into them; %b is also used by Sigmoid, so it keeps its params and is
-    requantized."""
+    requantized. (A conv reads the concat: without an integer reader it would stay float.)"""
     g = quantize(CONCAT, ranges={"x": (-1, 1), "a": (-1, 1), "b": (-0.5, 0.5), "s": (0, 1), "c": (-1, 2)})
     cat = g.find_ops("Concat")[0]
     qp = cat.result.type.quant
