@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..ir.graph import Graph, Op
 from ..passes import PassContext
-from ..passes.pad_channels import PadChannelsOptions, pad_channels
+from ..passes.pad_channels import PadChannelsOptions, pad_channels, padded_convs
 from .isa import int8_isa
 from .kernels.conv import padded_channels, pick_block
 from .kernels.qdot import dot_channels
@@ -59,10 +59,7 @@ def padded_graph(graph: Graph, spec: TargetSpec) -> Graph:
             or os.environ.get("QC_PAD_CHANNELS") == "0"):
         return graph
     channels = stored_channels(spec)
-    convs = [op for op in graph.ops if op.kind in ("Conv", "FusedConv", "QLinearConv") and len(op.operands) > 1
-             and op.operands[1].is_const and op.results[0].type.rank == 4
-             and int(op.attrs.get("group", 1)) == 1 and channels(op) > op.results[0].shape[1]]
-    if not convs:
+    if not padded_convs(graph, channels):
         return graph
     graph = graph.clone()
     pad_channels(graph, PassContext(options={"pad-channels": PadChannelsOptions(channels)}))

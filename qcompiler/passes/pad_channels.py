@@ -231,19 +231,22 @@ def _replace(graph: Graph, old: Op, padded: Value, c: int, channels: Callable[[O
         graph.rename(sliced, name)
 
 
+def padded_convs(graph: Graph, channels: Callable[[Op], int]) -> list[Op]:
+    """The group-1 convs of ``graph`` the pass widens: those ``channels`` gives more than their K."""
+    return [op for op in graph.ops if _conv_ok(op) and int(op.attrs.get("group", 1)) == 1
+            and int(channels(op)) > op.results[0].shape[1]]
+
+
 @register_pass("pad-channels", options=PadChannelsOptions)
 def pad_channels(graph: Graph, ctx: PassContext) -> bool:
     """Store the padded output channels a conv's kernel computes (zero weights), so that its
     readers work on whole vectors; readers that cannot take them read a channel Slice."""
     opts = pass_options(ctx, "pad-channels", PadChannelsOptions)
     changed = 0
-    for op in list(graph.ops):
-        if op.graph is not graph or not _conv_ok(op) or int(op.attrs.get("group", 1)) != 1:
+    for op in padded_convs(graph, opts.channels):
+        if op.graph is not graph:
             continue
-        k = op.results[0].shape[1]
-        n = int(opts.channels(op))
-        if n <= k:
-            continue
+        k, n = op.results[0].shape[1], int(opts.channels(op))
         wide = _widened(graph, op, op.operands[0], n, 1)
         _replace(graph, op, wide.results[0], k, opts.channels)
         changed += 1
