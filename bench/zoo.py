@@ -12,8 +12,9 @@ separate evaluation feeds (``--eval`` samples, seed 1):
 
 * qcompiler: ``qcompile M.onnx --dtype fp32`` and ``--dtype int8 --calib CALIB.npz`` (the CLI's
   defaults: MinMax, per-channel int8 weights, uint8 activations), compile time of each;
-* ONNX Runtime: the model as given (fp32), and ``quantize_static`` of it (QDQ, per-channel,
-  MinMax; zoo.ort_quantize_static) on the same calibration feeds;
+* ONNX Runtime: the model as given (fp32), and ``quantize_static`` of the graph we compile (QDQ,
+  per-channel, MinMax; zoo.ort_quantize_static: bound inputs and the Ifs they decide resolved,
+  zoo/inline.py) on the same calibration feeds;
 * a model that arrives quantized (QDQ, e.g. smart-turn-v3.2): ours is its int8 build with its own
   scales (fold-qdq, no calibration), ORT int8 is ORT running the file itself. Its fp32 row is our
   float build of the file (every Q/DQ rounding done in float) beside that same ORT run, which is

@@ -197,22 +197,20 @@ def sqnr_db(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
 
 def ort_quantize_static(model: ZooModel, calib: list[dict], out: Path, per_channel: bool = True,
                         symmetric: bool = False) -> Path:
-    """ONNX Runtime's own post-training quantization of ``model`` on the same calibration feeds:
-    ``quant_pre_process`` (shape inference and its graph optimizations) at the zoo's static input
-    shapes, then ``quantize_static`` (QDQ, int8 weights per channel or with ``per_channel=False``
-    per tensor, MinMax; activations uint8 with a zero point, or with ``symmetric`` int8 with zero
-    point 0, ORT's ``ActivationSymmetric``)."""
+    """ONNX Runtime's own post-training quantization of ``model`` on the same calibration feeds, of
+    the graph qcompiler compiles (zoo/inline.py: the zoo's static input shapes, the manifest's
+    ``values`` bound, every If whose condition that makes constant replaced by its taken branch;
+    ORT's quantize_static leaves If branches float or fails on them): ``quant_pre_process`` (shape
+    inference and its graph optimizations), then ``quantize_static`` (QDQ, int8 weights per channel
+    or with ``per_channel=False`` per tensor, MinMax; activations uint8 with a zero point, or with
+    ``symmetric`` int8 with zero point 0, ORT's ``ActivationSymmetric``). The file takes the
+    model's feeds (``ort_feeds``): a bound input stays declared, unread."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    m = onnx.load(str(model.path()))
-    for v in m.graph.input:                          # the static shapes we run at
-        if v.name in model.inputs:
-            dims = v.type.tensor_type.shape.dim
-            for d, n in zip(dims, model.inputs[v.name][1]):
-                d.Clear()
-                d.dim_value = n
+    from .inline import fixed_graph
+    m = fixed_graph(onnx.load(str(model.path())), model.input_shapes, model.input_values)
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
     if opset < 13:                                   # per-channel QDQ (DequantizeLinear axis) needs 13
         from onnx import version_converter

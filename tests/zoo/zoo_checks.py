@@ -15,7 +15,8 @@ that ``qcompile`` runs, in process; a model that does not import goes through th
   ~1e-4 to another, and the bound is the floor's;
 * int8: ``qcompile M.onnx --dtype int8 --calib`` on CALIB_SAMPLES feeds: output SQNR against ORT fp32
   on the evaluation feeds at least ORT ``quantize_static``'s (QDQ, per channel, MinMax) on the same
-  calibration feeds (zoo.ort_quantize_static). A model that arrives quantized: its own scales,
+  calibration feeds, of the graph we compile (zoo.ort_quantize_static: bound inputs and the Ifs they
+  decide resolved, zoo/inline.py). A model that arrives quantized: its own scales,
   ``qcompile verify`` against ORT on the same file, or, where all its quantization is dynamic
   (nothing stored with a fixed scale to compare layer by layer), its outputs against ORT on the
   same file as fp32's are (:func:`check_prequantized`).
