@@ -51,11 +51,15 @@ def qdq_conv(opset=13, per_channel=True, act="uint8", zp=True):
     return model(nodes, inits, X.shape, opset=opset)
 
 
-def dynamic_conv_integer(w=WU8, wz=np.uint8(131), pads=(1, 1, 1, 1), strides=(1, 1)):
+def dynamic_conv_integer(w=WU8, wz=np.uint8(131), pads=(1, 1, 1, 1), strides=(1, 1), group=1, channels=4):
+    """DynamicQuantizeLinear's uint8 activation (a run-time zero point, stored in the padding) into
+    ConvInteger: uint8 weights whose w - z_w leaves int8 (the extra window-sum channel), int8 ones
+    with a zero point, grouped convs, a depthwise conv, a one-channel input (its taps folded)."""
     nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-             h.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["c"], pads=list(pads), strides=list(strides)),
+             h.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["c"], pads=list(pads), strides=list(strides),
+                         group=group),
              h.make_node("Cast", ["c"], ["cf"], to=T.FLOAT), h.make_node("Mul", ["cf", "xs"], ["y"])]
-    return model(nodes, {"w": w, "wz": wz}, X.shape, outs=("y", "xq", "xs", "xz"), opset=12)
+    return model(nodes, {"w": w, "wz": wz}, (1, channels, 6, 6), outs=("y", "xq", "xs", "xz"), opset=12)
 
 
 def static_conv_integer():
@@ -73,6 +77,22 @@ def dynamic_matmul_integer(per_column=True):
              h.make_node("MatMulInteger", ["xq", "b", "xz", "bz"], ["c"]),
              h.make_node("Cast", ["c"], ["cf"], to=T.FLOAT), h.make_node("Mul", ["cf", "xs"], ["y"])]
     return model(nodes, {"b": b, "bz": bz}, (2, 3, 7), opset=12)
+
+
+def int8_matmul_integer(dynamic=True):
+    """MatMulInteger with an int8 weight whose per-column zero points keep b - z_b in int8 (the int8 gemm
+    path: K = 19, N = 37, rows from two leading dimensions), after DynamicQuantizeLinear's uint8 or a
+    static int8 QuantizeLinear (the activation stored shifted by 128 on VNNI)."""
+    b = RNG.integers(-100, 101, (19, 37)).astype(np.int8)
+    bz = RNG.integers(-3, 4, 37).astype(np.int8)
+    if dynamic:
+        q = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
+        inits = {"b": b, "bz": bz}
+    else:
+        q = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"])]
+        inits = {"b": b, "bz": bz, "xs": np.float32(0.04), "xz": np.int8(-7)}
+    nodes = q + [h.make_node("MatMulInteger", ["xq", "b", "xz", "bz"], ["c"]), h.make_node("Cast", ["c"], ["y"], to=T.FLOAT)]
+    return model(nodes, inits, (2, 3, 19), opset=13)
 
 
 def uint8_input_dequantize():
@@ -97,9 +117,15 @@ def cases():
         "qdq_conv_opset21": qdq_conv(opset=21),
         "dynamic_conv_integer_u8": dynamic_conv_integer(),
         "dynamic_conv_integer_i8_strided": dynamic_conv_integer(W8, np.int8(-2), strides=(2, 2)),
+        "dynamic_conv_integer_grouped": dynamic_conv_integer(W8[:, :2], np.int8(0), group=2),
+        "dynamic_conv_integer_grouped_u8": dynamic_conv_integer(WU8[:, :2], np.uint8(120), group=2),
+        "dynamic_conv_integer_depthwise": dynamic_conv_integer(WU8[:4, :1], np.uint8(131), group=4),
+        "dynamic_conv_integer_one_channel": dynamic_conv_integer(WU8[:, :1], np.uint8(140), channels=1),
         "static_conv_integer": static_conv_integer(),
         "dynamic_matmul_integer_per_column": dynamic_matmul_integer(),
         "dynamic_matmul_integer_scalar_zp": dynamic_matmul_integer(False),
+        "dynamic_matmul_integer_int8_weight": int8_matmul_integer(),
+        "static_matmul_integer_int8": int8_matmul_integer(dynamic=False),
         "uint8_input_dequantize": uint8_input_dequantize(),
     }
     return {k: (m, _feeds(m)) for k, m in ms.items()}

@@ -102,3 +102,22 @@ def test_dynamic_int8_gemm_under_qemu(run_model, tmp_path):
     y = _run_on_arm(run_model, out, x, tmp_path).reshape(24, 40)
     want = reference.run(g, {"a": x})[0]
     assert np.all(np.abs(y - want) <= fma_tolerance(want, b)), float(np.max(np.abs(y - want)))
+
+
+@pytest.mark.parametrize("name", ["dynamic_conv_integer_u8", "dynamic_conv_integer_grouped", "static_conv_integer",
+                                  "dynamic_matmul_integer_per_column", "static_matmul_integer_int8"])
+def test_integer_ops_on_sdot_under_qemu(run_model, tmp_path, name):
+    """ConvInteger / MatMulInteger of pre-quantized models on ``sdot`` (uint8 weights split into
+    int8 + a per-channel offset times the window or row sum; a run-time zero point in the padding):
+    the first output equals ONNX Runtime's bit for bit (integer sums times one float scale)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    import qcompiler
+    from qdq_models import cases, ort_plain
+    m, feeds = cases()[name]
+    g = qcompiler.import_onnx(m)
+    qcompiler.run_passes(g, "default")
+    out = write_artifact(g, SPEC, tmp_path / "OUT")
+    want = ort_plain(m, feeds)[0]
+    y = _run_on_arm(run_model, out, feeds["x"], tmp_path)
+    np.testing.assert_array_equal(y.reshape(want.shape), want.astype(np.float32))

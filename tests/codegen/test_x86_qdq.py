@@ -26,14 +26,19 @@ CASES = cases()
 SITE = os.path.dirname(os.path.dirname(onnx.__file__))
 
 
-def run_x86(g, feeds):
-    vm = relax.VirtualMachine(build_module(g, TargetSpec("x86", dtype="fp32")), tvm.cpu())
+def run_x86(g, feeds, spec=None):
+    vm = relax.VirtualMachine(build_module(g, spec or TargetSpec("x86", dtype="fp32")), tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(feeds[v.name]) for v in g.inputs])
     return [o.numpy() for o in (list(out) if not isinstance(out, tvm.runtime.Tensor) else [out])]
 
 
 @pytest.mark.parametrize("name", ["qdq_conv_per_channel_u8", "dynamic_conv_integer_u8", "static_conv_integer",
-                                  "dynamic_matmul_integer_per_column", "uint8_input_dequantize"])
+                                  "dynamic_conv_integer_i8_strided", "dynamic_conv_integer_grouped",
+                                  "dynamic_conv_integer_grouped_u8", "dynamic_conv_integer_depthwise",
+                                  "dynamic_conv_integer_one_channel",
+                                  "dynamic_matmul_integer_per_column", "dynamic_matmul_integer_scalar_zp",
+                                  "dynamic_matmul_integer_int8_weight", "static_matmul_integer_int8",
+                                  "uint8_input_dequantize"])
 def test_small_models_match_ort(name):
     m, feeds = CASES[name]
     g = import_onnx(m)
@@ -45,6 +50,25 @@ def test_small_models_match_ort(name):
             assert np.abs(o - r).max() <= 0.1 + 1e-6          # one step of the output scale 0.1
         else:
             np.testing.assert_array_equal(o.astype(r.dtype), r)
+
+
+INTEGER_CASES = ["dynamic_conv_integer_u8", "dynamic_conv_integer_i8_strided", "dynamic_conv_integer_grouped_u8",
+                 "dynamic_conv_integer_one_channel", "static_conv_integer", "dynamic_matmul_integer_per_column",
+                 "static_matmul_integer_int8"]
+
+
+@pytest.mark.parametrize("isa", ["vnni256", "pmaddwd512", "avx2", "plain"])
+@pytest.mark.parametrize("name", INTEGER_CASES)
+def test_integer_ops_on_every_x86_isa(name, isa):
+    """ConvInteger / MatMulInteger on each x86 int8 formulation (the host's VNNI-512 is the test
+    above): vpdpbusd on ymm, vpmaddwd on zmm and ymm, plain loops; integer results bit-exact."""
+    from test_x86_int8 import isa_spec
+    m, feeds = CASES[name]
+    g = import_onnx(m)
+    run_passes(g)
+    got = run_x86(g, feeds, isa_spec(isa))
+    for r, o in zip(ort_plain(m, feeds), got):
+        np.testing.assert_array_equal(o.astype(r.dtype), r)
 
 
 def _site_file(*parts):

@@ -92,7 +92,7 @@ def _to_a(isa: DotIsa, v, src_dtype: str):
     return v.astype("int16")
 
 
-def effective_zp(isa: DotIsa, src_dtype: str, z: int) -> int:
+def effective_zp(isa: DotIsa, src_dtype: str, z):
     """The zero point of the stored A operand: z + 128 for int8 on VNNI, z - 128 for uint8 on
     sdot (both in the operand type's range), else z."""
     if isa.kind == "vnni" and src_dtype == "int8":
@@ -117,9 +117,10 @@ def _in_block(cgp: int, q: int, have: int) -> int:
     return q * d
 
 
-def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
+def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx, isa: DotIsa):
     """The int32 accumulator of a (grouped, strided, dilated, padded) convolution on dot-product
-    instructions. Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
+    instructions; ``zx`` an int, or an int32 expression read at run time (DynamicQuantizeLinear's
+    zero point). Returns (acc(idx) accessor in logical NCHW, effective zero point)."""
     from .conv import _attrs2d
     if a["group"] == 1 and w.shape[1] == 1 and w.shape[3] > 1:
         x, w, a = fold_taps(x, w, a, zx, isa.group)
@@ -141,7 +142,7 @@ def conv2d(ctx, a, x, w: np.ndarray, out_shape, zx: int, isa: DotIsa):
             and cgp == cg):
         P, padded = x.tensor, False
     else:
-        P, padded = _pack(x, isa, g, cg, cgp, bi, pads, zeff), True
+        P, padded = _pack(x, isa, g, cg, cgp, bi, pads, zx), True
     wpad = np.zeros((g, kgp, cgp, r, s), np.int64)
     wpad[:, :kg, :cg] = w.reshape(g, kg, cg, r, s)
     wpk = wpad.reshape(g * kgp // bo, bo, cgp // bi, bi // q, q, r, s).transpose(0, 2, 5, 6, 3, 1, 4)
@@ -192,7 +193,7 @@ def fold_taps(x, w: np.ndarray, a, zx: int, q: int):
     _, (dh, dw), (pt, pl, pb, pr) = _attrs2d(a)
     st = (s - 1) // q + 1
     width = wd + pl + pr
-    fill = tirx.const(zx, x.cdtype)
+    fill = tirx.const(zx, x.cdtype) if isinstance(zx, int) else cast(zx, x.cdtype)
 
     def xq(idx):
         # a Select of a load at the clamped column (always in bounds), not an if_then_else: the
@@ -231,11 +232,16 @@ def _blocking(ctx, isa: DotIsa, kgp: int, lanes: int, ow: int, groups: int) -> t
     return register_tile(ow, ctx, lanes, kgp % (2 * lanes) == 0 and ow >= 8)
 
 
-def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zeff):
-    """x as (n, g·cgp/bi, H+pads, W+pads, bi) in the A operand type; padding holds z_eff."""
+def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zx):
+    """x as (n, g·cgp/bi, H+pads, W+pads, bi) in the A operand type; padding holds z_x (stored as x
+    is: z_eff)."""
     pt, pl, pb, pr = pads
     n, c, h, w = x.shape
-    fill = tirx.const(zeff if isa.kind != "vnni" else zeff & 0xFF, isa.a_dtype)
+    if isinstance(zx, int):
+        zeff = effective_zp(isa, x.dtype, zx)
+        fill = tirx.const(zeff if isa.kind != "vnni" else zeff & 0xFF, isa.a_dtype)
+    else:
+        fill = _to_a(isa, cast(zx, x.dtype), x.dtype)
     per_group = cgp // bi
 
     def body(i, cb, y, xx, ci):
