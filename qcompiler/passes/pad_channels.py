@@ -134,8 +134,14 @@ def _widened(graph: Graph, op: Op, x: Value, n_out: int, group: int) -> Op:
             attrs["multiplier"] = m + [0] * (n_out - k)
         if len(s) == k:
             attrs["shift"] = s + [s[-1]] * (n_out - k)
+    return _padded_copy(graph, op, operands, attrs, n_out)
+
+
+def _padded_copy(graph: Graph, op: Op, operands: list, attrs: dict, n: int) -> Op:
+    """``op`` on ``operands`` with ``attrs``, after it, its result ``n`` channels wide (the same
+    per-tensor quantization), named ``<name>_padded``."""
     r = op.results[0]
-    t = TensorType((r.shape[0], n_out, *r.shape[2:]), r.dtype, r.type.quant)     # per-tensor params
+    t = TensorType((r.shape[0], n, *r.shape[2:]), r.dtype, r.type.quant)
     return graph.create_op(op.kind, operands, attrs, result_types=[t], name=op.name + "_padded",
                            result_names=[r.name + "_padded"], after=op)
 
@@ -177,10 +183,7 @@ def _carried(graph: Graph, user: Op, i: int, padded: Value) -> Op:
             width = [(0, 0)] * v.data.ndim
             width[-3] = (0, n - v.shape[-3])
             operands.append(graph.add_const(np.pad(v.data, width, mode="edge"), v.name + "_padded"))
-    r = user.results[0]
-    t = TensorType((r.shape[0], n, *r.shape[2:]), r.dtype, r.type.quant)
-    return graph.create_op(user.kind, operands, dict(user.attrs), result_types=[t], name=user.name + "_padded",
-                           result_names=[r.name + "_padded"], after=user)
+    return _padded_copy(graph, user, operands, dict(user.attrs), n)
 
 
 def _absorbs(user: Op, i: int, c: int) -> str | None:
