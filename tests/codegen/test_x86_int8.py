@@ -554,6 +554,24 @@ def test_register_tile_holds_the_most_accumulators(vw, ow, tile):
     assert register_tile(ow, SimpleNamespace(vw=vw), vw, False)[0] == vw
 
 
+@pytest.mark.parametrize("vw, ow, kgp, tile", [
+    (16, 56, 144, (16, 14)),   # 32 zmm: 14 accumulators + 14 broadcasts + 1 weight (was 28 columns: 25 spilled)
+    (16, 56, 64, (32, 8)),     # two registers: 8 columns x 2 + 8 broadcasts + 2 weights = 26
+    (16, 14, 64, (32, 7)),     # 14 accumulators either way: two registers (fewer broadcasts)
+    (16, 7, 64, (16, 7)),      # narrower than 8 columns: one register
+    (8, 56, 64, (16, 4)),      # 16 ymm (AVX2): 4 x 2 + 4 + 2
+    (8, 14, 64, (8, 7)),       # 7 + 7 + 1
+])
+def test_dot_tile_counts_the_broadcasts(vw, ow, kgp, tile):
+    """The int8 dot-product conv's register tile (qdot._blocking) leaves a register for each column's
+    broadcast input: vpdpbusd/vpmaddwd take it from a register, and LLVM hoists them all."""
+    from types import SimpleNamespace
+
+    from qcompiler.codegen.kernels.qdot import _blocking
+    isa = SimpleNamespace(kind="vnni")
+    assert _blocking(SimpleNamespace(vw=vw), isa, kgp, vw, ow, 4) == tile
+
+
 @pytest.mark.parametrize("isa", list(ISAS))
 def test_qlinearconv_one_register_tile_bit_exact(strict, isa):
     """mnistnet's second conv (32 -> 64, 3x3, 14x14): on AVX2 a tile of 7 columns of one register

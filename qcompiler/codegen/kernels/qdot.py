@@ -41,6 +41,8 @@ Intel white paper, 2018) and TVM's ``conv2d_NCHWc_int8`` use the same 4-channel 
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from tvm import te, tirx
 
@@ -222,14 +224,36 @@ def _blocking(ctx, isa: DotIsa, kgp: int, lanes: int, ow: int, groups: int) -> t
     <= 32 (at most 16 columns). llvm-mca (LLVM 14, -mcpu=cortex-a76) on the inner loop of a
     64->64 3x3 conv at 28x28: 1.50 cycles per sdot with bo = 4 and the x86 register budget,
     1.10 with bo = 8, 0.98 with bo = 8 and this budget, 0.56 with the indexed sdot
-    (:func:`..arm.intrin.register_lane`) on top (the bound is 0.5: two sdot pipes)."""
-    from .conv import _reg_n, register_tile
+    (:func:`..arm.intrin.register_lane`) on top (the bound is 0.5: two sdot pipes).
+
+    x86: the input operand of ``vpdpbusd`` (the unsigned bytes) and both of ``vpmaddwd`` (16-bit
+    words) have no broadcast memory form, so each column's four input bytes are broadcast into a
+    register of their own, and LLVM hoists all of a tile's broadcasts above its dot products. The
+    tile is therefore chosen with the broadcasts counted: reg_n columns of ``r`` registers hold
+    reg_n·r accumulators + reg_n broadcasts + r weights <= the register file (32 on AVX-512, 16
+    on AVX2), the tile with the most accumulators winning (two registers on a tie: fewer
+    broadcasts per dot product). The earlier tile counted accumulators only (28 columns of one zmm):
+    LLVM then spilled 25 of the 28 broadcasts to the stack and reloaded each for its one
+    ``vpdpbusd`` (mobilenet_v2's 24->144 1x1 conv at 56x56: a store and a load per dot product).
+    ``QC_DOT_TILE=0``: the earlier tile (A/B runs)."""
+    from .conv import register_tile
     if isa.kind == "sdot":
         bo = 2 * lanes if kgp % (2 * lanes) == 0 else lanes
         regs = bo // lanes
         cap = min(16, (32 - 2 - groups * regs) // regs)
         return bo, max(d for d in range(1, min(ow, cap) + 1) if ow % d == 0)
-    return register_tile(ow, ctx, lanes, kgp % (2 * lanes) == 0 and ow >= 8)
+    if os.environ.get("QC_DOT_TILE") == "0":
+        return register_tile(ow, ctx, lanes, kgp % (2 * lanes) == 0 and ow >= 8)
+    file = 32 if ctx.vw >= 16 else 16
+    best = None
+    for r in (1, 2):
+        if r == 2 and (kgp % (2 * lanes) or ow < 8):
+            continue
+        cap = max(1, (file - r) // (r + 1))
+        n = max(d for d in range(1, min(ow, cap) + 1) if ow % d == 0)
+        if best is None or (n * r, r) >= (best[1] * best[0], best[0]):
+            best = (r, n)
+    return best[0] * lanes, best[1]
 
 
 def _pack(x, isa: DotIsa, g, cg, cgp, bi, pads, zx):
