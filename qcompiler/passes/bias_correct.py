@@ -215,7 +215,10 @@ def simulated_weight_error(op: Op, per_channel: bool) -> np.ndarray:
 # ---- empirical variant (optional) ---------------------------------------------------------------
 def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = None) -> dict[str, np.ndarray]:
     """Per layer, its data input averaged over the calibration batches and samples (a (1, C, …)
-    map: spatial positions kept, so the border taps that read zero padding are accounted for).
+    map: spatial positions kept, so the border taps that read zero padding are accounted for), each
+    layer over its own leading axis: a GEMM over the B·S rows of a (B, S, K) activation (a
+    transformer's or an unrolled LSTM's linear layer, :func:`~qcompiler.passes.quantize_plan.prepare`)
+    gets the mean row (a (1, K) vector), whose correction is the mean shift of each output row.
     ``outputs``: a list that receives, per calibration feed, the graph outputs of the same run (the
     float reference :func:`~qcompiler.passes.quantize_bias.bias_correction_helps` compares with),
     so the float graph is run once for both.
@@ -229,15 +232,16 @@ def mean_inputs(graph: Graph, calib, layers: list[Op], outputs: list | None = No
 
     def average(per_feed) -> tuple[dict[str, np.ndarray], list]:
         sums: dict[str, np.ndarray] = {}
-        n, outs = 0, []
+        rows: dict[str, int] = {}
+        outs = []
         for vals in per_feed:
             for op in layers:
                 x = np.asarray(vals[op.operands[0].name], np.float64)
                 sums[op.name] = sums.get(op.name, 0.0) + x.sum(axis=0, keepdims=True)
-            n += len(vals[layers[0].operands[0].name]) if layers else 0
+                rows[op.name] = rows.get(op.name, 0) + (x.shape[0] if x.ndim else 1)
             if outputs is not None:
                 outs.append([vals[v.name] for v in graph.outputs])
-        return {k: v / max(n, 1) for k, v in sums.items()}, outs
+        return {k: v / max(rows[k], 1) for k, v in sums.items()}, outs
 
     try:
         means, outs = average(map(float_runner(graph, want), calib))

@@ -69,6 +69,50 @@ def test_layer_input_means_are_the_references():
             assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
 
 
+def rows_model(s: int = 12, k: int = 8, n: int = 5):
+    """z (1, k) -> MatMul (a one-row GEMM), and x (1, s, k) -> MatMul by a constant k x n matrix ->
+    Add bias: a transformer's linear layer, which the quantize pass makes one GEMM over the s rows."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["z", "w"], ["u"]),
+             helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, k]),
+                                              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, k])],
+                              [helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, n]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, n])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_row_gemm_means_are_per_row():
+    """A GEMM over the B·S rows of a (B, S, K) activation: x̄ is the mean row (over the samples and
+    the rows), so the correction is the mean output shift of a row, not S times it (it was: the
+    sums over B·S rows were divided by the number of samples; ddddocr-common's LSTM input and
+    classifier GEMMs, 32 rows, and mobilevit's, 64-1024 rows, were corrected 32-1024 times too much)."""
+    from qcompiler.passes.bias_correct import empirical_error
+    from qcompiler.passes.quantize_plan import prepare
+    from qcompiler.quant import qparams as qpm
+    g = import_onnx(rows_model())
+    run_passes(g)
+    prepare(g, QuantizeOptions())
+    layers = [op for op in g.ops if op.kind in GEMMS]
+    assert [op.operands[0].shape for op in layers] == [(1, 8), (12, 8)]
+    rng = np.random.default_rng(0)
+    calib = [{"z": rng.uniform(-1, 1, (1, 8)).astype(np.float32),
+              "x": rng.uniform(0.5, 1.5, (1, 12, 8)).astype(np.float32)} for _ in range(5)]
+    op = layers[1]
+    means = mean_inputs(g, calib, layers)
+    np.testing.assert_allclose(means[layers[0].name], np.mean([f["z"] for f in calib], axis=0), rtol=1e-6)
+    rows = np.concatenate([f["x"].reshape(12, 8) for f in calib]).astype(np.float64)
+    np.testing.assert_allclose(means[op.name], rows.mean(axis=0, keepdims=True), rtol=1e-6)
+    from qcompiler.passes.quantize_plan import gemm_weight_bias
+    w, _ = gemm_weight_bias(op)                              # N x K
+    eps = qpm.fake_quantize(w, qpm.per_channel_symmetric(w, 0)).astype(np.float64) - w.astype(np.float64)
+    np.testing.assert_allclose(empirical_error(op, eps, means[op.name]), (rows @ eps.T).mean(axis=0), rtol=1e-6)
+
+
 def test_quantized_variant_runs_agree_with_the_integer_reference():
     """A quantized graph's outputs through onnxruntime (its QDQ export) against the exact
     integer reference: at least 20 dB closer to it than the int8 outputs are to the float model
