@@ -26,7 +26,9 @@ frame (next chunk, k, n, finished chunks), set before the launch:
             for i in [range[0], range[1]): body(i)
 
 so the calling thread starts at once and does all the chunks if no worker comes; a worker that
-wakes late claims what is left (or nothing) and the launch ends when both are through. The loop
+wakes late claims what is left (or nothing). On TVM's pool the launch still ends only when every
+worker has been through; the artifact's own launcher (:mod:`.thread_pool`, linked in beside these
+atomics) waits only for the workers that have started. The loop
 ahead of a kernel's main loop inside one launch (:func:`.schedules._one_launch`: a packing
 stage or the Winograd transform, ``pragma_parallel_barrier_when_finish``) counts its finished
 chunks (``qc_done``) instead of meeting at TVM's barrier (which waits for every thread, the sleeping
@@ -221,12 +223,15 @@ def work_claiming(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 def object_file(cc: str | None, workspace: Path) -> Path:
-    """``work_claiming.c`` compiled for the artifact's linker ``cc`` (None: the host's) into ``workspace``."""
+    """``work_claiming.c`` compiled for the artifact's linker ``cc`` (None: the host's) into
+    ``workspace``, with the artifact's thread pool (:mod:`.thread_pool`) unless ``QC_THREAD_POOL=0``."""
+    from . import thread_pool
     out = workspace / "qc_work_claiming.o"
     one = workspace / "qc_runtime_c.c"            # one translation unit: one object for the linker
-    one.write_text("".join(f'#include "{s}"\n' for s in SOURCES))
+    one.write_text("".join(f'#include "{s}"\n' for s in thread_pool.sources() + SOURCES))   # the pool first: it asks for _GNU_SOURCE
     # -x c: the cross linker is a g++, which would compile a .c file as C++ (mangled names)
-    subprocess.run([cc or os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-fPIC", "-c", str(one), "-o", str(out)],
+    subprocess.run([cc or os.environ.get("CC", "gcc"), "-x", "c", "-O2", "-fPIC", *thread_pool.defines(),
+                    "-c", str(one), "-o", str(out)],
                    check=True, capture_output=True)
     return out
 
