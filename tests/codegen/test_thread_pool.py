@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcompiler.codegen.x86 import thread_pool
+from qcompiler.codegen.x86 import thread_pool, work_claiming
 
 HARNESS = r"""
 #define QC_API
 #include "POOL"
+#include "CLAIM"
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -82,20 +83,13 @@ static int failing(int task_id, qc_penv_t* penv, void* cdata) {
     return task_id == penv->num_task - 1 ? -7 : 0;
 }
 
-/* claimed chunks, as work_claiming.c hands them out */
+/* claimed chunks, handed out by work_claiming.c's own qc_claim */
 typedef struct { int32_t ctl[4]; double* out; } claim_job;
-static int32_t claim(int32_t* ctl, int32_t* range) {
-    int32_t b = __atomic_fetch_add(&ctl[0], 1, __ATOMIC_RELAXED) * ctl[1];
-    if (b >= ctl[2]) return 0;
-    range[0] = b;
-    range[1] = b + ctl[1] < ctl[2] ? b + ctl[1] : ctl[2];
-    return 1;
-}
 static int claimed(int task_id, qc_penv_t* penv, void* cdata) {
     (void)task_id; (void)penv;
     claim_job* j = (claim_job*)cdata;
     int32_t r[2];
-    while (claim(j->ctl, r))
+    while (qc_claim(j->ctl, r))
         for (int i = r[0]; i < r[1]; ++i) j->out[i] += i;
     return 0;
 }
@@ -199,7 +193,7 @@ int main(int argc, char** argv) {
 def harness(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("pool")
     src = d / "harness.c"
-    src.write_text(HARNESS.replace("POOL", str(thread_pool.SOURCE)))
+    src.write_text(HARNESS.replace("POOL", str(thread_pool.SOURCE)).replace("CLAIM", str(work_claiming.SOURCE)))
     exe = d / "harness"
     subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-Wall", "-Werror", "-pthread", str(src), "-o", str(exe)],
                    check=True, capture_output=True)
