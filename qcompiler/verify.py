@@ -1,5 +1,5 @@
 """``qcompile verify OUT --data X.npy|X.npz [--qdq FILE.onnx] [--samples N] [--json]``: parity of
-a compiled int8 artifact with ONNX Runtime running the QDQ export of the same quantized model.
+a compiled int8 (or fp8) artifact with ONNX Runtime running the QDQ export of the same quantized model.
 
 Both sides run the same inputs, and every quantized value that the artifact's kernels store is
 compared layer by layer, in quantization steps (LSB)::
@@ -30,6 +30,13 @@ the other way, hence 1 LSB). The export writes conv/gemm weights as uint8 ``w + 
 reals): ORT's U8S8 kernels on x86 CPUs without VNNI (AVX2 only, e.g. AMD Zen 3) saturate pairs of
 products in int16 and were measured 53 LSB off the exact result; its U8U8 kernels are exact
 (``export_qdq(uint8_weights=True)``). A ``--qdq`` file is run as given.
+
+An fp8 artifact is compared alike, its steps float8 ulps (:func:`lsb_diff`): the stored float8
+values by their codes, float outputs in the spacing of the float8 grid at ORT's value; ORT's float8
+values are fetched through a Cast to float32. Its kernels' float32 sums differ from ORT's in their
+rounding only, so a layer alone is off where a value lands next to a float8 rounding boundary; two
+values within 2^-16 of the tensor's largest magnitude count as equal (both zero to float32
+precision: near 0 the float8 grid is finer than a sum's float32 rounding, :data:`qcompiler.quant.fp8.NOISE_FLOOR`).
 
 Acceptance (:data:`MAX_LAYER_LSB`, :data:`MIN_LAYER_EXACT`, :data:`MIN_OUTPUT_SHARE`), every figure
 measured with our kernels *alone* on ONNX Runtime's inputs, so that it measures our kernels and not
@@ -72,6 +79,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
+from .ir.types import is_fp8
 from .runtime.batches import batch_plan, load_inputs, name_inputs
 from .runtime.manifest import TensorSpec, read_manifest, sha256_file
 
@@ -106,6 +114,7 @@ class Report:
     ort: str                      # onnxruntime version, EP and optimization level
     layers: list[Row] = field(default_factory=list)
     outputs: list[Row] = field(default_factory=list)
+    dtype: str = "int8"           # int8 or fp8 (steps: float8 ulps, :func:`lsb_diff`)
     main_outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)   # ours, per output name
 
     @property
@@ -136,7 +145,7 @@ class Report:
         w = max([24] + [len(r.name) for r in self.layers + self.outputs])
         head = (f"{'layer':<{w}} {'kind':<24} {'scale':>9} {'max LSB':>7} {'exact %':>8} {'<=1 LSB %':>9} "
                 f"{'chained':>7}")
-        lines = [f"artifact {self.artifact} ({self.family}, int8) run on {self.runner}; {self.samples} samples",
+        lines = [f"artifact {self.artifact} ({self.family}, {self.dtype}) run on {self.runner}; {self.samples} samples",
                  f"ONNX Runtime {self.ort}; QDQ model: {self.qdq}",
                  "layers and outputs: each kernel alone on ONNX Runtime's inputs (max LSB, exact, <=1 LSB) and "
                  "chained end to end (max LSB)", head, "-" * len(head)]
@@ -165,7 +174,7 @@ def _num(x: float) -> str:
 
 # ---- the artifact ---------------------------------------------------------------------------------
 def read_quantized(out_dir: str | Path):
-    """The manifest and the quantized IR graph of an int8 artifact (UserError for anything else)."""
+    """The manifest and the quantized IR graph of an int8 or fp8 artifact (UserError for anything else)."""
     from .ir.parser import ParseError, parse_graph
     out = Path(out_dir)
     m = read_manifest(out)
@@ -173,7 +182,7 @@ def read_quantized(out_dir: str | Path):
     if m["target"]["family"] == "cuda":
         raise UserError("verify runs x86 and arm artifacts; cuda artifacts have no debug functions yet", str(out),
                         "compile the same model for --target x86 or arm and verify that")
-    if m["target"].get("dtype") == "int8" and debug is None:
+    if m["target"].get("dtype") in ("int8", "fp8") and debug is None:
         if _static_layers(out, m) == 0:
             raise UserError("artifact has no per-layer functions to verify: no kernel stores a statically quantized "
                             "value (report.json lists no layer with a fixed scale: activations quantized at run "
@@ -186,9 +195,9 @@ def read_quantized(out_dir: str | Path):
                         "compile the model again with --debug-layers (the deployed kernels are the same)")
     if not isinstance(debug, dict) or "ir" not in debug:
         dtype = m["target"].get("dtype", "?")
-        raise UserError(f"artifact is not a quantized int8 artifact (dtype {dtype}, no quantized IR in its "
-                        "manifest)", str(out), "compile the model with --dtype int8 --calib DATA using this "
-                        "qcompiler, then verify that folder")
+        raise UserError(f"artifact is not a quantized int8/fp8 artifact (dtype {dtype}, no quantized IR in its "
+                        "manifest)", str(out), "compile the model with --dtype int8 (or fp8) --calib DATA "
+                        "--debug-layers using this qcompiler, then verify that folder")
     path = out / Path(debug["ir"]["file"]).name
     if not path.is_file() or sha256_file(path) != debug["ir"]["sha256"]:
         raise UserError(f"artifact corrupted or modified: {path.name} is missing or its sha256 does not match "
@@ -399,8 +408,16 @@ def qdq_model(graph, qdq: str | Path | None, wanted: list):
         except Exception as e:  # protobuf DecodeError, OSError
             raise UserError(f"cannot read it as ONNX ({type(e).__name__})", str(qdq),
                             "give the QDQ .onnx written by --export-qdq") from None
+        from .frontend.qdq_export import fp8_clamps_as_max_min
+        fp8_clamps_as_max_min(model)         # the same model, past ONNX Runtime's float8 Relu/Clip fusions
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     have = {v.name: f for v in wanted if (f := file_name(v, produced))}
+    for v in wanted:               # float8 values: fetched as float32 (ORT has no numpy type for float8e5m2)
+        if v.name in have and is_fp8(v.dtype):
+            f = have[v.name]
+            model.graph.node.append(onnx.helper.make_node("Cast", [f], [f + "/as_float"], to=onnx.TensorProto.FLOAT,
+                                                          name=f + "/as_float"))
+            have[v.name] = f + "/as_float"
     outs = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=f) for f in dict.fromkeys(have.values()) if f not in outs)
     return model, have
@@ -429,12 +446,29 @@ def run_ort(model, runs: list[dict], fetch: list[str], where: str) -> tuple[str,
 # ---- comparison -----------------------------------------------------------------------------------
 def lsb_diff(ours: np.ndarray, theirs: np.ndarray, qp) -> np.ndarray:
     """|ours - theirs| in quantization steps; ``ours`` stored integers with params ``qp``, ``theirs``
-    integers with the same params or floats (dequantized values)."""
+    integers with the same params or floats (dequantized values). Float8 (:mod:`.quant.fp8`): a
+    stored value (its bits) in float8 steps of the codes; a float value (an output) in steps of the
+    float8 grid s·q at ``theirs`` (the spacing of float8 values at |theirs| / s)."""
+    if is_fp8(qp.storage):
+        from .quant.fp8 import noise_floor, step, ulps
+        if ours.dtype == np.uint8 or ours.dtype.name == qp.storage:
+            return ulps(ours, theirs, qp.storage, noise_floor(theirs, qp.storage)).astype(np.float64)
+        scale, _ = _broadcast_params(qp, ours.ndim)
+        t = theirs.astype(np.float64)
+        return np.abs(ours.astype(np.float64) - t) / (scale * step(np.abs(t) / scale, qp.storage))
     if ours.dtype.kind in "iu" and theirs.dtype.kind in "iu":
         return np.abs(ours.astype(np.int64) - theirs.astype(np.int64)).astype(np.float64)
     scale, zp = _broadcast_params(qp, ours.ndim)
     real = (ours.astype(np.float64) - zp) * scale if ours.dtype.kind in "iu" else ours.astype(np.float64)
     return np.abs(real - theirs.astype(np.float64)) / scale
+
+
+def _as_stored(a: np.ndarray, v) -> np.ndarray:
+    """ORT's value of ``v`` as the artifact stores it: float8 values (fetched as float32) as their bits."""
+    if is_fp8(v.dtype):
+        from .quant.fp8 import codes
+        return codes(a, v.dtype)
+    return a
 
 
 def _broadcast_params(qp, ndim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -508,7 +542,8 @@ def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
     inputs = [[feed[s.name] for s in manifest["inputs"]] for feed in runs]
     got = runner.call(["main", "debug"], inputs)
     chained = [np.stack([unblock(r[k], tuple(d["shape"])) for r in got["debug"]]) for k, d in enumerate(dbg)]
-    given = [theirs[d["name"]] if d["name"] in theirs else chained[k] for k, d in enumerate(dbg)]
+    given = [_as_stored(theirs[d["name"]], values[d["name"]]) if d["name"] in theirs else chained[k]
+             for k, d in enumerate(dbg)]
     alone_args = [args + [block(g[i], tuple(d["stored_shape"]), d["stored_dtype"]) for g, d in zip(given, dbg)]
                   for i, args in enumerate(inputs)]
     got_alone = runner.call(["debug_alone"], alone_args)["debug_alone"]
@@ -516,7 +551,8 @@ def verify(out_dir: str | Path, data, *, qdq: str | Path | None = None,
 
     samples_run = len(runs) * (manifest["inputs"][0].shape[0] if manifest["inputs"][0].shape else 1)
     report = Report(str(out), manifest["target"]["family"], runner.name, samples_run,
-                    str(qdq) if qdq else f"exported from {out.name}/{manifest['debug']['ir']['file']}", ort_info)
+                    str(qdq) if qdq else f"exported from {out.name}/{manifest['debug']['ir']['file']}", ort_info,
+                    dtype=manifest["target"].get("dtype", "int8"))
     for k, d in enumerate(dbg):
         v = values[d["name"]]
         if v.type.quant is None or d["name"] in out_names:

@@ -198,7 +198,7 @@ def test_bad_artifacts(capsys, tmp_path, fashion):
     # an fp32 artifact
     fp32 = tmp_path / "fp32"
     assert main([str(rm.MODELS_DIR / "mnistnet.onnx"), "-o", str(fp32), "-q"]) == 0
-    one_line_error(capsys, "verify", fp32, "--data", data, want="not a quantized int8 artifact")
+    one_line_error(capsys, "verify", fp32, "--data", data, want="not a quantized int8/fp8 artifact")
     # model.qir modified after compilation
     bad = tmp_path / "tampered"
     shutil.copytree(out, bad)

@@ -51,12 +51,19 @@ def _target(args) -> TargetSpec:
         return TargetSpec("x86")
     dtype = args.dtype
     if dtype is None:                                   # a pre-quantized model compiles as it is quantized
-        from ..frontend.onnx_qdq import is_prequantized
-        dtype = "int8" if getattr(args, "requantize", False) or is_prequantized(args.model) else "fp32"
+        from ..frontend.onnx_qdq import prequantized_dtype
+        dtype = "int8" if getattr(args, "requantize", False) else (prequantized_dtype(args.model) or "fp32")
+    fp8 = getattr(args, "fp8_format", None)
+    if fp8 is not None and dtype != "fp8":
+        raise UserError(f"--fp8-format {fp8} chooses the float8 format of an fp8 build, but --dtype is {dtype}",
+                        "--fp8-format", "add --dtype fp8, or drop --fp8-format")
+    if fp8 is None and dtype == "fp8" and not getattr(args, "requantize", False):
+        from ..frontend.onnx_qdq import prequantized_fp8_formats     # a float8 QDQ model: its own format
+        fp8 = next(iter(prequantized_fp8_formats(args.model)), None)
     return TargetSpec(family=args.target, dtype=dtype, cpu=args.cpu,
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
                       features=tuple(f.strip() for f in args.features.split(",") if f.strip()),
-                      float_dtype=args.float_dtype, debug_layers=args.debug_layers)
+                      float_dtype=args.float_dtype, debug_layers=args.debug_layers, fp8_format=fp8 or "e4m3")
 
 
 def _smooth_quant(v: str | None) -> float | str | None:
@@ -95,7 +102,7 @@ def compile_options(args) -> CompileOptions:
                              args.sensitivity, args.sensitivity_samples, args.budget_confidence,
                              getattr(args, "layer_costs", "off")),
         sparsity=SparsityOptions(args.sparsity, args.sparsity_pattern, args.sparsity_global, tuple(args.no_prune),
-                                 args.sparse_objective),
+                                 args.sparse_objective, getattr(args, "prune_method", None)),
         export_qdq=getattr(args, "export_qdq", None), qdq_weights=getattr(args, "qdq_weights", "int8"),
         tune=tune, remote=remote_options(args) if hasattr(args, "rpc_tracker") else None,
         quiet=args.quiet)

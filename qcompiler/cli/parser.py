@@ -95,10 +95,13 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
                    help="confidence of the budget's bootstrap bound (0.95; 0: the point estimate)")
     s = p.add_argument_group("sparsity")
     s.add_argument("--sparsity", type=float, default=None, metavar="F",
-                   help="magnitude-prune conv/gemm weights to this fraction of zeros (0 < F < 1)")
+                   help="prune conv/gemm weights to this fraction of zeros (0 < F < 1)")
     s.add_argument("--sparsity-pattern", default=None, choices=("unstructured", "2:4", "block4"),
                    help="pattern of the zeros (unstructured)")
     s.add_argument("--sparsity-global", action="store_true", help="one magnitude ranking over all layers")
+    s.add_argument("--prune-method", default=None, choices=("magnitude", "obc"),
+                   help="magnitude: zero the smallest |w|; obc: also re-fit the kept weights on --calib, layer by "
+                        "layer (SparseGPT; the default when --calib gives data)")
     s.add_argument("--no-prune", action="append", default=[], metavar="NAME|KIND",
                    help="leave this layer or kind (Conv, Gemm, MatMul) dense (repeatable)")
     s.add_argument("--sparse-objective", default="time", choices=("time", "size"),
@@ -122,14 +125,14 @@ def _compile_parser(sub) -> None:
     c = sub.add_parser("compile", help="compile a model to an artifact (the default command)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMPILE_EXAMPLES,
                        usage="qcompile [compile] MODEL.onnx [--target x86|arm|cuda] "
-                             "[--dtype fp32|fp16|bf16|int8] -o OUT [options]",
+                             "[--dtype fp32|fp16|bf16|int8|fp8] -o OUT [options]",
                        description="Compile an ONNX model to an artifact folder (model.so, manifest.json, "
                        "report.json) that runs with the TVM runtime alone.")
     c.add_argument("model", help="the ONNX model file")
     c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (x86)")
-    c.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16", "int8"),
-                   help="precision (fp32; int8 for a pre-quantized QDQ model); int8 needs --calib unless the "
-                        "model is pre-quantized; bf16: cuda only")
+    c.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16", "int8", "fp8"),
+                   help="precision (fp32; int8 for a pre-quantized QDQ model, fp8 for a float8 one); int8 and "
+                        "fp8 need --calib unless the model is pre-quantized; bf16: cuda only; fp8: x86/arm")
     c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact folder to write")
     t = c.add_argument_group("target details")
     t.add_argument("--cpu", default=None, help="LLVM CPU name (x86: the host's; arm: e.g. cortex-a76)")
@@ -137,6 +140,8 @@ def _compile_parser(sub) -> None:
     t.add_argument("--features", default="", help="extra LLVM features, e.g. +dotprod,+fullfp16")
     t.add_argument("--float-dtype", default="fp32", choices=("fp32", "fp16"),
                    help="int8 builds: storage of the layers kept float (fp32)")
+    t.add_argument("--fp8-format", default=None, choices=("e4m3", "e5m2"),
+                   help="fp8 builds: float8 E4M3 (default: 3 mantissa bits, max 448) or E5M2 (2 bits, max 57344)")
     _input_args(c)
     _quant_args(c)
     m = [a for a in c._action_groups if a.title.startswith("mixed")][0]

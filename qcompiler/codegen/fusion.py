@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Op, Value
+from ..ir.types import is_fp8
 from .kernels.elementwise import ELEMENTWISE as _FLOAT_ELEMENTWISE
 from .kernels.integer import ANCHOR_BUILDERS as _INTEGER_ANCHORS
 from .kernels.quant import ANCHORS as _QUANT_ANCHORS, ELEMENTWISE as _QUANT_ELEMENTWISE
@@ -70,6 +71,16 @@ def _epilogue_ok(anchor_result: Value, group: Group) -> bool:
     return True
 
 
+def _float8_quantized(op: Op, r: Value) -> bool:
+    """A float8 QuantizeLinear's result is always stored: its encode (and the decode of a
+    DequantizeLinear reading it) uses its operand several times, so a chain of float8 Q/DQ pairs
+    composed into one kernel (ONNX Runtime's FP8 quantizer writes Q/DQ between a conv and its
+    BatchNormalization, and around residual Adds) would grow the kernel's expression exponentially
+    with the chain's length (TVM inlines the kernels' Lets: tests/codegen/test_x86_fp8.py). Stored,
+    each float8 rounding is also a value ``qcompile verify`` compares on its own."""
+    return op.kind == "QuantizeLinear" and is_fp8(r.dtype)
+
+
 def plan(graph: Graph) -> list[Group]:
     """The kernel groups of ``graph``, in an order where producers come first."""
     order = {op: i for i, op in enumerate(graph.ops)}
@@ -88,7 +99,7 @@ def plan(graph: Graph) -> list[Group]:
         for r in op.results:
             if not r.uses and id(r) not in outputs:
                 continue
-            need = id(r) in outputs or any(u.kind in ANCHORS for u in r.users)
+            need = id(r) in outputs or any(u.kind in ANCHORS for u in r.users) or _float8_quantized(op, r)
             cgs: list[Group] = []
             for u in r.users:
                 for g in member_of.get(u, []):

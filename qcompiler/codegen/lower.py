@@ -97,6 +97,7 @@ import tvm_ffi
 from tvm import relax, te
 
 from ..ir import REGISTRY, Graph, Op, Value
+from ..ir.types import is_fp8
 from ..progress import report
 from .arm import rules as arm_rules
 from .cuda import rules as cuda_rules
@@ -249,6 +250,11 @@ class Lowering:
     def storage_dtype(self, v: Value) -> str:
         if v.dtype in FLOATS and id(v) not in self.outputs:
             return self.fdtype
+        if is_fp8(v.dtype):
+            if id(v) in self.outputs or v in self.graph.inputs:
+                raise LoweringError(f"%{v.name} is a float8 graph {'output' if id(v) in self.outputs else 'input'}: "
+                                    "artifacts take and return float32 (or integer) tensors; dequantize it")
+            return "uint8"                  # float8 values are stored as their bits (kernels/fp8.py)
         return v.dtype
 
     def float_storage(self, arr: np.ndarray, keep_fp32: bool = False) -> str:
@@ -261,10 +267,11 @@ class Lowering:
         return "float16" if float(np.abs(arr).max()) < 60000.0 else "float32"
 
     def const_buf(self, ctx: KernelCtx, v: Value) -> Buf:
-        dt = self.float_storage(v.data) if v.dtype in FLOATS else v.dtype
+        dt = self.float_storage(v.data) if v.dtype in FLOATS else "uint8" if is_fp8(v.dtype) else v.dtype
         key = (id(v), dt)
         if key not in self.consts:
-            arr = np.ascontiguousarray(v.data.astype(dt).reshape(v.shape or (1,)))
+            data = np.ascontiguousarray(v.data).view(np.uint8) if is_fp8(v.dtype) else v.data
+            arr = np.ascontiguousarray(data.astype(dt).reshape(v.shape or (1,)))
             self.consts[key] = self.constant(arr)
         ph = te.placeholder(v.shape or (1,), dt, name=f"c{len(ctx.params)}")
         ctx.params.append((ph, self.consts[key]))

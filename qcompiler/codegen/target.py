@@ -32,7 +32,8 @@ FAMILIES = tuple(f.value for f in Family)
 # model.so -37 KB, rapidocr-cls -28 KB; rapidocr-cls int8 latency within the noise (0.999 vs
 # 1.046 ms, interleaved medians; 2026-11-23).
 LLVM_OPTIONS = ("-unroll-threshold-aggressive:uint=150",)
-DTYPES = ("fp32", "fp16", "bf16", "int8")
+DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
+FP8_FORMATS = ("e4m3", "e5m2")
 X86_LEVELS = ("znver3", "x86-64-v3", "x86-64-v4", "znver4", "icelake-server")
 """The x86 CPUs (``--cpu``) whose generated code the test suite checks on any host, one per int8
 dot-product path: an AVX2-only core and the portable AVX2 level (vpmaddwd on ymm), AVX-512
@@ -42,13 +43,14 @@ without VNNI (vpmaddwd on zmm), and AMD's and Intel's AVX-512 VNNI cores (vpdpbu
 @dataclass(frozen=True)
 class TargetSpec:
     family: Family = Family.X86              # x86 | arm | cuda (a str is taken and normalised)
-    dtype: str = "fp32"                      # fp32 | fp16 | bf16 | int8
+    dtype: str = "fp32"                      # fp32 | fp16 | bf16 | int8 | fp8
     cpu: str | None = None                   # LLVM -mcpu: "znver3", "cortex-a76"; None = host (x86) / generic (arm)
     arch: tuple[str, ...] = ("sm_90",)       # CUDA SM architectures to embed device code for
     features: tuple[str, ...] = field(default_factory=tuple)   # LLVM mattr, e.g. ("+dotprod", "+fullfp16")
     num_threads: int | None = None
     float_dtype: str = "fp32"                # storage of the float layers of an int8 build: fp32 | fp16
     debug_layers: bool = False               # int8 x86/arm: add the per-layer functions of `qcompile verify`
+    fp8_format: str = "e4m3"                 # dtype fp8: e4m3 (OCP E4M3FN) | e5m2 (qcompiler.quant.fp8)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -58,6 +60,11 @@ class TargetSpec:
             raise UserError(f"unknown dtype '{self.dtype}'", "--dtype", f"use one of {', '.join(DTYPES)}")
         if self.dtype == "bf16" and self.family is not Family.CUDA:
             raise UserError("bf16 is supported on CUDA only", "--dtype", "use fp16 or fp32 on CPU targets")
+        if self.dtype == "fp8" and self.family is Family.CUDA:
+            raise UserError("fp8 builds x86 and arm artifacts (float8 storage, float32 arithmetic); CUDA's fp8 "
+                            "tensor cores are not lowered yet", "--dtype", "use --target x86|arm, or --dtype int8/fp16")
+        if self.fp8_format not in FP8_FORMATS:
+            raise UserError(f"unknown fp8 format '{self.fp8_format}'", "--fp8-format", f"use one of {', '.join(FP8_FORMATS)}")
         if self.float_dtype not in ("fp32", "fp16"):
             raise UserError(f"unknown float dtype '{self.float_dtype}'", "--float-dtype", "use fp32 or fp16")
         for a in self.arch:

@@ -4,6 +4,7 @@ measured on, as consecutive windows of one stream.
 
     src = CalibSource.open(opts.calib, graph.inputs, sensitivity_samples=64)
     src.calibration()     # the quantize pass's Dataset (None: random, drawn by the pass)
+    src.reconstruction()  # the samples prune-reconstruct re-fits on (the same; random drawn here)
     src.evaluation()      # EvalData: the next eval_samples samples, or --eval's data
     src.selection()       # EvalData: the samples after those (None: measured on calibration)
 
@@ -57,6 +58,12 @@ class CalibSource:
         if self.stream is None:
             return None
         return replace(self.stream, num_samples=min(self.stream.num_samples, self.opts.samples))
+
+    def reconstruction(self) -> Dataset:
+        """The samples ``prune-reconstruct`` re-fits the weights on: the calibration window (random:
+        the ``random_samples`` the quantize pass draws)."""
+        ds = self.calibration()
+        return ds if ds is not None else random_dataset(self.inputs, self.opts.random_samples, batch=self.batch)
 
     def evaluation(self) -> EvalData | None:
         """The build report's data: ``eval_path`` (at most ``eval_samples``), or the ``eval_samples``

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ from ..errors import UserError
 from ..ir.graph import Graph
 from .calib import CalibSource
 from .options import CompileOptions, ModelSource
-from .pipeline import run_pipeline
+from .pipeline import prune_options, run_pipeline
 from .report import ReportFiles
 
 Log = Callable[[str], None]
@@ -143,10 +144,16 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
         g = _dequantized_model(g)
     calib = evaluation = None
     prequantized = opts.quantizing and bool(g.meta.get("prequantized"))
-    if opts.quantizing and not ((prequantized or opts.calib.dynamic) and opts.calib.source is None):
+    pruning = prune_options(opts.sparsity) is not None
+    if opts.quantizing and not ((prequantized or opts.calib.dynamic) and opts.calib.source is None) \
+            or pruning and opts.calib.source is not None:
         # opened once; held-back data for the report; bad data fails early (a QDQ model needs none)
         calib = CalibSource.open(opts.calib, g.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
         evaluation = calib.evaluation()
+    if pruning and not opts.quantizing and opts.budget.budget is not None and evaluation is None:
+        raise UserError("a float build's --min-sqnr/--max-accuracy-drop checks the pruning on held-back samples, "
+                        "and there are none", "--min-sqnr/--max-accuracy-drop",
+                        "add --calib DATA (the samples after --calib-samples are held back) or --eval DATA")
     ops_before, params_before = g.op_histogram(), g.param_count()
     # the model as given, for the report's output figures: the float passes need not preserve
     # results (relu6-to-relu under --equalize/--per-tensor, pruning, analytic bias correction)
@@ -159,6 +166,9 @@ def compile(model: ModelSource | Graph | str | os.PathLike, output: str | os.Pat
         log(f"wrote {opts.export_qdq} (QDQ ONNX of the quantized model)")
     files = ReportFiles.of(g, pm, opts, name=name, ops_before=ops_before, params_before=params_before,
                            evaluation=evaluation, given=given, output=output)
+    check = files.rep.get("sparsity", {}).get("pruning_effect", {}).get("budget") or {}
+    if check.get("met") is False:                  # pruning alone spent the budget: say so, with the figure
+        warnings.warn(check["warning"], stacklevel=2)
     from ..codegen.artifact import write_artifact
     from ..codegen.tune import build_fn as tuned_build
     out = write_artifact(g, spec, output, extra_files=files.extra,

@@ -19,6 +19,9 @@ from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..plan.mixed import BudgetOptions
 from .shapes import DynamicDim
 
+QUANTIZED_DTYPES = ("int8", "fp8")
+"""The ``--dtype`` values that quantize (the quantize pass, or fold-qdq for a pre-quantized model)."""
+
 RANDOM = "random"
 """``CalibOptions.source`` for calibration on seeded random normal data (not representative; warns)."""
 
@@ -88,13 +91,16 @@ class CalibOptions:
 
 @dataclass(frozen=True)
 class SparsityOptions:
-    """Magnitude pruning (``fraction`` None: only detect sparsity already in the weights) and the
-    weight encoding the artifact stores."""
+    """Pruning (``fraction`` None: only detect sparsity already in the weights) and the weight
+    encoding the artifact stores. ``method``: ``magnitude`` zeroes the smallest |w| (``prune``),
+    ``obc`` re-fits the kept weights on the calibration data (``prune-reconstruct``, SparseGPT);
+    None: obc when calibration data is given (not random), else magnitude."""
     fraction: float | None = None
     pattern: Literal["unstructured", "2:4", "block4"] | None = None
     global_ranking: bool = False
     skip: tuple[str, ...] = ()
     objective: Literal["time", "size"] = "time"
+    method: Literal["magnitude", "obc"] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,7 @@ class CompileOptions:
 
     @property
     def quantizing(self) -> bool:
-        return self.target.dtype == "int8"
+        return self.target.dtype in QUANTIZED_DTYPES
 
     def _check_dynamic(self) -> None:
         """``--activations dynamic``: int8 x86/arm, and none of the options that belong to static ranges."""
@@ -181,10 +187,10 @@ class CompileOptions:
             raise UserError(f"--float-dtype {spec.float_dtype} sets the float layers of an int8 build, but "
                             f"--dtype is {spec.dtype}", "--float-dtype",
                             "add --dtype int8, or use --dtype fp16 for an all-fp16 build")
-        if self.export_qdq and spec.dtype != "int8":
-            raise UserError("--export-qdq needs --dtype int8", "--export-qdq", "add --dtype int8")
-        if spec.debug_layers and (spec.dtype != "int8" or spec.family is Family.CUDA):
-            raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8 x86/arm "
+        if self.export_qdq and spec.dtype not in QUANTIZED_DTYPES:
+            raise UserError("--export-qdq needs --dtype int8 or fp8", "--export-qdq", "add --dtype int8")
+        if spec.debug_layers and (spec.dtype not in QUANTIZED_DTYPES or spec.family is Family.CUDA):
+            raise UserError(f"--debug-layers adds the per-layer functions of `qcompile verify` to int8/fp8 x86/arm "
                             f"builds; this one is {spec.family} {spec.dtype}", "--debug-layers",
                             "drop --debug-layers, or compile with --dtype int8 for --target x86 or arm")
         if self.remote is not None and (not self.budget.budgeted or self.budget.layer_costs != "measure"):
@@ -192,17 +198,18 @@ class CompileOptions:
                             "--max-accuracy-drop with --layer-costs measure); this build measures nothing",
                             "--rpc-tracker", "add a budget, or run and time the artifact on the board with "
                             "`qcompile run OUT --input X --rpc-tracker HOST:PORT --rpc-key KEY`")
-        if cal.requantize and (spec.dtype != "int8" or cal.source is None):
+        if cal.requantize and (spec.dtype not in QUANTIZED_DTYPES or cal.source is None):
             raise UserError("re-calibrating a pre-quantized model needs --dtype int8 and --calib",
                             "--requantize", "add --calib DATA (and --dtype int8), or drop --requantize")
-        if spec.dtype != "int8" and cal.eval_path:
-            raise UserError("--eval needs --dtype int8 (it is for the int8 build report)", "--eval",
-                            "add --dtype int8")
+        pruning = self.sparsity.fraction is not None or self.sparsity.pattern == "2:4"
+        if spec.dtype not in QUANTIZED_DTYPES and cal.eval_path and not pruning:
+            raise UserError("--eval needs --dtype int8 or --sparsity (it is for the build report's int8 and "
+                            "pruning figures)", "--eval", "add --dtype int8")
         if cal.activations not in ("static", "dynamic") or cal.dynamic_granularity not in DYNAMIC_GRANULARITIES:
             raise UserError(f"--activations {cal.activations} / --dynamic-granularity {cal.dynamic_granularity}",
                             "--activations", "give --activations static|dynamic, --dynamic-granularity token|tensor")
         if cal.dynamic:
             self._check_dynamic()
-        if spec.dtype == "int8" and cal.eval_samples < 0:
+        if spec.dtype in QUANTIZED_DTYPES and cal.eval_samples < 0:
             raise UserError(f"--eval-samples must be 0 or more, got {cal.eval_samples}", "--eval-samples",
                             "give a number of samples, or 0 to skip the evaluation")

@@ -4,8 +4,9 @@ float, then quantization and the sparse weight encoding.
     pm = run_pipeline(graph, opts, log, calib=src, evaluation=src.evaluation())
 
 Order (each step only where the options ask for it):
-``<passes>`` → prune → (DFQ: relu6-to-relu, equalize, absorb-bias, bias-correct) → [layer costs,
-sensitivity, mixed-precision plan] → quantize → encode-sparse.
+``<passes>`` → prune (or prune-reconstruct: ``--prune-method obc``, the default with calibration
+data) → (DFQ: relu6-to-relu, equalize, absorb-bias, bias-correct) → [layer costs, sensitivity,
+mixed-precision plan] → quantize → encode-sparse.
 
 A pre-quantized model (QDQ; ``graph.meta["prequantized"]``) built as int8 runs ``fold-qdq`` in
 place of quantize, with its own scales: no DFQ, no calibration, no budget. ``--activations
@@ -21,6 +22,7 @@ from ..errors import UserError
 from ..passes import PassContext, PassManager, parse_pipeline
 from ..passes.encode_sparse import EncodeSparseOptions
 from ..passes.prune import PruneOptions
+from ..passes.prune_reconstruct import PruneReconstructOptions
 from ..passes.quantize import CALIB_RUN, QuantizeOptions
 from ..passes.quantize_dynamic import QuantizeDynamicOptions
 from ..passes.smooth_quant import SmoothQuantOptions
@@ -37,7 +39,7 @@ def prune_options(sp: SparsityOptions) -> PruneOptions | None:
         f = 0.5
     if f is None:
         for flag, given in (("--sparsity-pattern", pattern), ("--sparsity-global", sp.global_ranking),
-                            ("--no-prune", sp.skip)):
+                            ("--no-prune", sp.skip), ("--prune-method", sp.method)):
             if given:
                 raise UserError(f"{flag} needs --sparsity", flag, "add --sparsity F (e.g. 0.5)")
         return None
@@ -54,8 +56,23 @@ def prune_options(sp: SparsityOptions) -> PruneOptions | None:
                         skip=frozenset(sp.skip))
 
 
+def prune_method(opts: CompileOptions) -> str:
+    """``--prune-method``, or its default: obc where calibration data is given (not random) and no
+    global magnitude ranking is asked for, else magnitude. obc without data is refused."""
+    sp, c = opts.sparsity, opts.calib
+    method = sp.method or ("obc" if c.source is not None and not c.is_random and not sp.global_ranking
+                           else "magnitude")
+    if method == "obc" and c.source is None:
+        raise UserError("--prune-method obc re-fits the kept weights on calibration data, and none is given",
+                        "--prune-method", "add --calib DATA, or use --prune-method magnitude")
+    if method == "obc" and sp.global_ranking:
+        raise UserError("--sparsity-global ranks magnitudes across layers; obc prunes each layer to its own target",
+                        "--sparsity-global", "drop --sparsity-global, or add --prune-method magnitude")
+    return method
+
+
 def pass_list(opts: CompileOptions) -> str | None:
-    """The ``passes`` option with 'quantize' added for an int8 build."""
+    """The ``passes`` option with 'quantize' added for an int8 (or fp8) build."""
     passes = opts.pipeline.passes
     if not opts.quantizing:
         return passes
@@ -80,12 +97,37 @@ def _check_prequantized(opts: CompileOptions) -> None:
                         "drop it, or compile the float model it came from")
 
 
+def _check_prequantized_dtype(graph, opts: CompileOptions) -> None:
+    """A pre-quantized model builds in the precision of its own Q/DQ: float8 (of the format its zero
+    points give) as fp8, integers as int8; another ``--dtype``/``--fp8-format`` is refused (the
+    artifact and its manifest would say one thing and hold another), ``--requantize`` re-calibrates."""
+    from ..ir.types import is_fp8
+    from ..quant.fp8 import Fp8Format
+    stored = {v.type.quant.storage for op in graph.ops for v in list(op.operands) + list(op.results)
+              if v.type.quant is not None}
+    fp8 = sorted(s for s in stored if is_fp8(s))
+    spec = opts.target
+    fix = "compile it without --dtype (it builds as it is quantized), or re-calibrate it: --requantize --calib DATA"
+    if spec.dtype == "int8" and fp8:
+        raise UserError(f"--dtype int8, but this model arrives quantized to {'/'.join(fp8)} (its own float8 "
+                        "QuantizeLinear/DequantizeLinear)", "--dtype", fix)
+    if spec.dtype == "fp8" and not fp8:
+        raise UserError(f"--dtype fp8, but this model arrives quantized to integers ({'/'.join(sorted(stored))}: its "
+                        "own QuantizeLinear/DequantizeLinear)", "--dtype", fix)
+    if spec.dtype == "fp8" and Fp8Format(spec.fp8_format).storage not in fp8:
+        have = {Fp8Format.E4M3.storage: "e4m3", Fp8Format.E5M2.storage: "e5m2"}
+        raise UserError(f"--fp8-format {spec.fp8_format}, but this model arrives quantized to {'/'.join(fp8)} (its own "
+                        "float8 QuantizeLinear/DequantizeLinear)", "--fp8-format",
+                        f"use --fp8-format {have[fp8[0]]} (or leave it out), or re-calibrate: --requantize --calib DATA")
+
+
 def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOptions:
     c = opts.calib
     return QuantizeOptions(method=c.method, percentile=c.percentile, per_channel=not c.per_tensor,
                            calib=calib.calibration(), keep_float=frozenset(opts.budget.keep_float),
                            progress=not opts.quiet, random_samples=c.random_samples,
-                           bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL))
+                           bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL),
+                           fp8=opts.target.fp8_format if opts.target.dtype == "fp8" else None)
 
 
 def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None = None, evaluation=None,
@@ -103,13 +145,17 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
                         "drop --activations dynamic: the model compiles with its own quantization")
     if prequantized:
         _check_prequantized(opts)
+        _check_prequantized_dtype(graph, opts)
         pipeline = ["fold-qdq" if p == "quantize" else p for p in pipeline]
     if dynamic:
         pipeline = ["quantize-dynamic" if p == "quantize" else p for p in pipeline]
     stage = next((p for p in ("quantize", "quantize-dynamic") if p in pipeline), None)   # what quantizes
     prune_opts = prune_options(opts.sparsity)
-    if prune_opts is not None and "prune" not in pipeline:       # prune the float weights, before quantize
-        pipeline.insert(pipeline.index(stage) if stage else len(pipeline), "prune")
+    prune_pass = None
+    if prune_opts is not None:
+        prune_pass = "prune-reconstruct" if prune_method(opts) == "obc" else "prune"
+        if "prune" not in pipeline and "prune-reconstruct" not in pipeline:   # the float weights, before quantize
+            pipeline.insert(pipeline.index(stage) if stage else len(pipeline), prune_pass)
     quantizing = "quantize" in pipeline
     if (stage or prequantized or prune_opts is not None) and "encode-sparse" not in pipeline:
         pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
@@ -135,12 +181,16 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         ctx.options["smooth-quant"] = sq
     if prune_opts is not None:
         ctx.options["prune"] = prune_opts
+        if prune_pass == "prune-reconstruct":
+            calib = calib or CalibSource.open(c, graph.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
+            ctx.options["prune-reconstruct"] = PruneReconstructOptions(prune=prune_opts, calib=calib.reconstruction())
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
                                                        target=opts.target.family)
     b = opts.budget
-    if b.active and not quantizing:
+    pruning_budget = prune_opts is not None and b.budget is not None and not (b.force_int8 or b.sensitivity)
+    if b.active and not quantizing and not pruning_budget:      # a float build's budget checks pruning alone
         raise UserError("--min-sqnr/--max-accuracy-drop/--force-int8/--sensitivity need quantization",
-                        "--dtype", "add --dtype int8 (or the quantize pass)")
+                        "--dtype", "add --dtype int8 (or the quantize pass), or --sparsity for a pruning budget")
     b.check()
     p = opts.pipeline
     pm = PassManager(pipeline, print_ir_after=p.print_ir_after, time_passes=p.time_passes, out=sys.stdout, ctx=ctx)
@@ -154,7 +204,9 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         pre = PassManager(pipeline[:at], print_ir_after=p.print_ir_after, out=sys.stdout, ctx=ctx)
         pre.run(graph)
         costs = None
-        if b.budget is not None and b.layer_costs != "off":
+        if b.budget is not None and b.layer_costs != "off" and opts.target.dtype == "fp8":
+            log("fp8: layers selected by accuracy only (the layer costs time int8 kernels, not float8 ones)")
+        elif b.budget is not None and b.layer_costs != "off":
             from ..plan import layer_cost          # loads TVM: only for a budget with layer costs
             keep = mixed.resolve_keep_float(graph, b.keep_float, b.force_int8) - set(b.force_int8)
             costs = ctx.data["layer_costs"] = layer_cost.for_budget(graph, replace(opts.target, dtype="int8"),

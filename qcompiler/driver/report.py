@@ -31,7 +31,7 @@ class ReportFiles:
         data = report_html.compile_data(g, pm, model=name, target=spec.family, dtype=spec.dtype,
                                         ops_before=ops_before, params_before=params_before,
                                         timings=opts.pipeline.time_passes)   # seconds only on request
-        quantized = spec.dtype == "int8" and is_quantized(g)
+        quantized = spec.dtype in ("int8", "fp8") and is_quantized(g)
         if quantized:
             calib = getattr(pm.ctx.options.get("quantize"), "calib", None)
             calibration = {"source": c.source, "samples": calib.num_samples if calib is not None
@@ -55,9 +55,10 @@ class ReportFiles:
             rep = {"format_version": report.FORMAT_VERSION, **data, "layers": report_html.float_layers(g),
                    "size": {"params_fp32_bytes": g.param_count()[1]}}
         if "sparsity" in g.meta:                 # the encode-sparse pass ran (int8, or pruned fp32)
-            rep["sparsity"] = sparse_report.sparsity_section(
+            rep["sparsity"] = sparse_report.sparsity_section(     # a float build is its own pruned fp32 graph
                 g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
-                pruned_fp32=pm.ctx.data.get("quantize.float_graph"), data=evaluation)
+                pruned_fp32=pm.ctx.data.get("quantize.float_graph", None if quantized else g), data=evaluation,
+                budget=opts.budget)
         self = cls(rep, quantized, output)
         eq = g.meta.get("equalize")
         self.extra[report.REPORT] = lambda m: report.to_json(self.full(m))

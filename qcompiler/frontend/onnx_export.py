@@ -10,7 +10,8 @@ initializers under their IR names; value and op names are kept.
 
 Quantization: a ``QuantizeLinear`` op takes its scale and zero point from its *result* type, a
 ``DequantizeLinear`` from its *operand* type (per-tensor, or per-axis with ``axis``). The opset is
-raised only where an op needs it: Gelu (20), 16-bit QuantizeLinear/DequantizeLinear (21).
+raised only where an op needs it: float8 QuantizeLinear/DequantizeLinear (19: their zero point
+float8e4m3fn / float8e5m2, saturating), Gelu (20), 16-bit QuantizeLinear/DequantizeLinear (21).
 An op kind with no mapping raises :class:`ExportError` naming the op.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from onnx import helper
 from ..errors import UserError
 from ..ir import Graph, Op, TensorType
 from ..ir.ops import REGISTRY
-from ..ir.types import np_dtype
+from ..ir.types import is_fp8, np_dtype
 
 TARGET_OPSET = 17
 
@@ -147,11 +148,10 @@ def required_opset(graph: Graph) -> int:
     for op in graph.ops:
         if op.kind == "Gelu":
             v = max(v, 20)
-        elif op.kind == "QuantizeLinear" and op.result.type.quant and op.result.type.quant.storage in ("int16", "uint16"):
-            v = max(v, 21)
-        elif op.kind == "DequantizeLinear" and op.operands[0].type.quant and \
-                op.operands[0].type.quant.storage in ("int16", "uint16"):
-            v = max(v, 21)
+        elif op.kind in ("QuantizeLinear", "DequantizeLinear"):
+            qp = (op.result if op.kind == "QuantizeLinear" else op.operands[0]).type.quant
+            storage = qp.storage if qp else None
+            v = max(v, 21 if storage in ("int16", "uint16") else 19 if is_fp8(storage) else v)
     return v
 
 

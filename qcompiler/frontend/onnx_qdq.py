@@ -15,8 +15,11 @@ quantization support reads in one place):
   A DequantizeLinear of an integer constant (weights, int32 biases) dequantizes a constant of that
   quantized type; one of a value that does not carry these parameters (a uint8 model input, an
   integer tensor from another op) is ``(Cast(q) - zero_point) * scale`` in float32, ONNX's formula
-  with ONNX Runtime's rounding. ``block_size`` (opset 21 blocked quantization), 4-bit and float8
-  types and scales computed at run time are refused with one line each.
+  with ONNX Runtime's rounding. Opset 19's float8 (``float8e4m3fn`` / ``float8e5m2`` zero points,
+  ``saturate = 1``) imports as the float8 quantized types (zero point 0; fold-qdq then runs its
+  convs/gemms on float8 operands, :mod:`qcompiler.quant.fp8`). ``block_size`` (opset 21 blocked
+  quantization), 4-bit, the FNUZ float8 types, non-saturating float8 and scales computed at run
+  time are refused with one line each.
 * ``DynamicQuantizeLinear`` is lowered to float IR ops that compute exactly what ONNX Runtime
   computes (its ``GetQuantizationParameter`` + ``MlasQuantizeLinear``)::
 
@@ -59,8 +62,38 @@ def is_prequantized(path: str) -> bool:
     return any(n.op_type in PREQUANTIZED for n in model.graph.node)
 
 
+def prequantized_dtype(path: str) -> str | None:
+    """The ``--dtype`` a pre-quantized model builds with by default: "fp8" when a QuantizeLinear or
+    DequantizeLinear of its main graph has a float8 zero point (or ``output_dtype``), else "int8";
+    None for a float model (:func:`is_prequantized`)."""
+    if not is_prequantized(path):
+        return None
+    return "fp8" if prequantized_fp8_formats(path) else "int8"
+
+
+def prequantized_fp8_formats(path: str) -> list[str]:
+    """The ``--fp8-format`` values ("e4m3", "e5m2") of the float8 QuantizeLinear/DequantizeLinear of
+    a model's main graph (their zero point's type or ``output_dtype``); [] when it has none, or for
+    a file ONNX cannot parse (the import then says why)."""
+    import onnx
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:                 # noqa: BLE001
+        return []
+    names = {onnx.TensorProto.FLOAT8E4M3FN: "e4m3", onnx.TensorProto.FLOAT8E5M2: "e5m2"}
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    found = set()
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            if len(n.input) > 2 and types.get(n.input[2]) in names:
+                found.add(names[types[n.input[2]]])
+            found.update(names[a.i] for a in n.attribute if a.name == "output_dtype" and a.i in names)
+    return sorted(found)
+
+
 _STORAGE = ("uint8", "int8", "uint16", "int16")       # QuantizeLinear outputs the IR can hold
-_ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
+_FP8 = ("float8_e4m3fn", "float8_e5m2")               # opset 19's OCP float8 (not the FNUZ variants)
+_ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 17: "float8_e4m3fn", 19: "float8_e5m2"}
 
 
 def _storage(b, n, a, zp: np.ndarray | None, dq: bool) -> str:
@@ -71,13 +104,16 @@ def _storage(b, n, a, zp: np.ndarray | None, dq: bool) -> str:
     else:
         code = int(a.get("output_dtype", 0))
         if code and code not in _ONNX_OUTPUT_DTYPE:
-            raise b.fail(n, f"output_dtype {code} is not uint8/int8/uint16/int16",
-                         "qcompiler imports 8- and 16-bit integer quantization (no float8 or int4)")
+            raise b.fail(n, f"output_dtype {code} is not uint8/int8/uint16/int16/float8e4m3fn/float8e5m2",
+                         "qcompiler imports 8- and 16-bit integer and OCP float8 quantization (no FNUZ float8, no int4)")
         dt = _ONNX_OUTPUT_DTYPE.get(code, "uint8")
-    allowed = _STORAGE + (("int32",) if dq else ())
+    allowed = _STORAGE + _FP8 + (("int32",) if dq else ())
     if dt not in allowed:
         raise b.fail(n, f"quantizes to {dt}", f"qcompiler imports {'/'.join(allowed)} quantization "
-                     "(no float8 or int4)")
+                     "(no FNUZ float8, no int4)")
+    if dt in _FP8 and not dq and not int(a.get("saturate", 1)):
+        raise b.fail(n, "quantizes to float8 with saturate = 0 (out-of-range values become inf/NaN)",
+                     "qcompiler's float8 quantization saturates at +-max: export with saturate = 1 (the default)")
     return dt
 
 
@@ -95,7 +131,7 @@ def _params(b, n, scale: np.ndarray, zp: np.ndarray | None, storage: str, shape,
     if scale.dtype != np.float32:
         raise b.fail(n, f"has a {scale.dtype} scale", "qcompiler imports float32 quantization scales")
     s = scale.reshape(-1)
-    z = zp.reshape(-1).astype(np.int64) if zp is not None else np.zeros(s.size, np.int64)
+    z = zp.reshape(-1).astype(np.float64).astype(np.int64) if zp is not None else np.zeros(s.size, np.int64)
     if z.size != s.size:
         raise b.fail(n, f"has {s.size} scales but {z.size} zero points", "fix the model")
     axis = None
@@ -213,6 +249,10 @@ def _dequantize_float(b, n, q, qp: QuantParams, suffix: str | None = None):
     tag = f"{n.output[0]}/{suffix}" if suffix else n.output[0]
     zp = b.g.add_const(np.asarray(qp.zero_point, np.float32).reshape(shape), f"{tag}/zero_point")
     sc = b.g.add_const(qp.scale_array().reshape(shape), f"{tag}/scale")
+    if qp.storage in _FP8:
+        raise b.fail(n, f"dequantizes a float8 tensor '{q.name}' that no QuantizeLinear of the model made with "
+                     "these parameters", "qcompiler imports float8 DequantizeLinear of constants and of its own "
+                     "QuantizeLinear's output")
     f = b.aux(n, "Cast", [q], {"to": "float32"}, f"{suffix}_cast" if suffix else "cast")
     f = b.aux(n, "Sub", [f, zp], {}, f"{suffix}_sub" if suffix else "sub") if any(qp.zero_point) else f
     if suffix:

@@ -51,7 +51,7 @@ from ..ir.activations import make_activation
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
 from ..ir.types import QuantParams, TensorType, dequantize
-from .onnx_export import export_onnx, save_onnx, write_model
+from .onnx_export import export_onnx, write_model
 
 _FLOAT_FORM = {"QLinearConv": "FusedConv", "QLinearGemm": "FusedGemm", "QLinearAdd": "Add",
                "QLinearMul": "Mul",
@@ -77,6 +77,7 @@ def export_qdq(graph: Graph, *, float_bias: bool = False, uint8_weights: bool = 
     model = export_onnx(g)
     if not float_bias:
         keep_islands_float(model, g)
+    fp8_clamps_as_max_min(model)
     return model
 
 
@@ -84,9 +85,66 @@ def save_qdq(graph: Graph, path: "str | os.PathLike", *, float_bias: bool = Fals
              uint8_weights: bool = False) -> None:
     """Export ``graph`` as QDQ ONNX and write it to ``path`` atomically (as save_onnx does)."""
     if float_bias:
-        save_onnx(to_qdq_graph(graph, float_bias=float_bias, uint8_weights=uint8_weights), path)
+        model = export_onnx(to_qdq_graph(graph, float_bias=float_bias, uint8_weights=uint8_weights))
+        fp8_clamps_as_max_min(model)
+        write_model(model, path)
         return
     write_model(export_qdq(graph, uint8_weights=uint8_weights), path)
+
+
+_FP8_ZERO_POINTS = (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E5M2)
+
+
+def fp8_clamps_as_max_min(model: onnx.ModelProto) -> int:
+    """Rewrite in place every Relu / Clip whose output a float8 QuantizeLinear reads as Max(x, 0) /
+    Max(Min(x, hi), lo): the same values, in a form ONNX Runtime's QDQ fusions leave alone. ONNX
+    Runtime 1.32 (ORT_ENABLE_EXTENDED and above, so by default) drops a Relu before a QuantizeLinear
+    whose zero point is 0 (ReluQuantFusion: right for uint8, whose grid starts at 0, wrong for
+    float8, which keeps the negative side: a conv -> Relu -> float8 Q model then computes the conv
+    without its Relu), and refuses to load a Clip before a float8 QuantizeLinear (ClipQuantFusion:
+    "Unexpected data type for QuantizeLinear input y_zero_point of 17"). Returns how many."""
+    inits = {t.name: t for t in model.graph.initializer}
+    fp8_q = set()
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits \
+                and inits[n.input[2]].data_type in _FP8_ZERO_POINTS:
+            fp8_q.add(n.input[0])
+    taken = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input} | \
+        {o for n in model.graph.node for o in n.output} | {n.name for n in model.graph.node}
+
+    def fresh(hint: str) -> str:
+        name, i = hint, 0
+        while name in taken:
+            i += 1
+            name = f"{hint}_{i}"
+        taken.add(name)
+        return name
+    nodes, done = [], 0
+    for n in model.graph.node:
+        if n.op_type not in ("Relu", "Clip") or n.output[0] not in fp8_q:
+            nodes.append(n)
+            continue
+        done += 1
+        x, y = n.input[0], n.output[0]
+        if n.op_type == "Relu":
+            zero = numpy_helper.from_array(np.zeros((), np.float32), fresh(f"{y}/zero"))
+            model.graph.initializer.append(zero)
+            nodes.append(onnx.helper.make_node("Max", [x, zero.name], [y], name=n.name))
+            continue
+        lo = n.input[1] if len(n.input) > 1 and n.input[1] else ""
+        hi = n.input[2] if len(n.input) > 2 and n.input[2] else ""
+        if hi:
+            below = fresh(f"{y}/below_max") if lo else y
+            nodes.append(onnx.helper.make_node("Min", [x, hi], [below], name=fresh(f"{n.name}/min")))
+            x = below
+        if lo:
+            nodes.append(onnx.helper.make_node("Max", [x, lo], [y], name=n.name))
+        elif not hi:
+            nodes.append(onnx.helper.make_node("Identity", [x], [y], name=n.name))
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return done
 
 
 _WEIGHT_QUANTIZED_BY_ORT = ("Conv", "ConvTranspose", "Gemm")

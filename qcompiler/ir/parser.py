@@ -19,6 +19,7 @@ class ParseError(ValueError):
     pass
 
 
+_ML_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")    # ml_dtypes floats (numpy kind 'V')
 _WS = re.compile(r"(\s|//[^\n]*)*")
 _IDENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$]*")
 _NUM = re.compile(r"[-+]?(inf|nan|(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)")
@@ -110,8 +111,7 @@ def _parse_type(lx: _Lexer) -> TensorType:
             lx.expect("{")
         while True:
             scales.append(float(lx.number()))
-            lx.expect(":")
-            zps.append(int(lx.number()))
+            zps.append(int(lx.number()) if lx.accept(":") else 0)     # MLIR: the zero point defaults to 0
             if axis is None or not lx.accept(","):
                 break
         if axis is not None:
@@ -152,7 +152,7 @@ def _dense_array(lx: _Lexer, lit, t: TensorType) -> np.ndarray:
     dt = np_dtype(t.dtype)
     try:
         if isinstance(lit, list):
-            a = np.array(lit, dtype=np.float64 if dt.kind == "f" or t.dtype == "bfloat16" else np.int64)
+            a = np.array(lit, dtype=np.float64 if dt.kind == "f" or t.dtype in _ML_FLOATS else np.int64)
             if a.size != t.size:
                 lx.fail(f"dense literal has {a.size} elements, type {t} needs {t.size}")
             return a.astype(dt).reshape(t.shape)

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .ops import InferError, _conv, _global_pool, _matmul, _pool, broadcast_shapes, register_op
-from .types import TensorType
+from .types import TensorType, is_fp8
 
 HSWISH_ALPHA = 1.0 / 6.0
 HSWISH_BETA = 0.5
@@ -66,6 +66,9 @@ def check_attr(hs, channels: int) -> str | None:
 #                               (wq is N x K: weight rows are output channels, like Gemm transB=1)
 #   (QLinearConv and QLinearGemm with ``multiplier = []``: the float32 result f32(acc) * f32(s_x s_w[c]),
 #    clamped by a Relu/Clip activation, for a layer whose result no integer op reads)
+#   float8 (xq, wq float8_e4m3fn/float8_e5m2, zero points 0; qcompiler.quant.fp8): always the float32
+#   result, with a float32 bias b added after the scale, and the accumulator a float32 sum:
+#     acc = f32(Σ xq * wq)   (each product exact in float32)   y = clamp(acc * f32(s_x s_w[c]) + b[c])
 #   QLinearAdd(aq, bq)          q = clamp(z_out + rrs((aq-z_a)*m_a + (bq-z_b)*m_b, s)), multiplier [m_a, m_b], shift [s]
 #   QLinearMul(aq, bq)          acc = (aq - z_a) * (bq - z_b) (numpy broadcasting), M = s_a * s_b / s_out
 #   QLinearGlobalAveragePool(xq), QLinearAveragePool(xq)   acc = window sum of (xq - z_x), M = s_x / (s_out * count)
@@ -125,7 +128,7 @@ def _dequantize_linear(ts, a):
     return [TensorType(ts[0].shape, ts[0].quant.expressed)]
 
 
-def _check_weight_bias(kind: str, ts, channels: int) -> None:
+def _check_weight_bias(kind: str, ts, channels: int, a: dict) -> None:
     x, w = ts[0], ts[1]
     _quant_operand(kind, x, "input")
     _quant_operand(kind, w, "weight", per_tensor=False)
@@ -133,6 +136,9 @@ def _check_weight_bias(kind: str, ts, channels: int) -> None:
         raise InferError(f"{kind} weight must be quantized per tensor or along axis 0, got axis {w.quant.axis}")
     if any(z != 0 for z in w.quant.zero_point):
         raise InferError(f"{kind} weight must be quantized symmetrically (zero point 0)")
+    if is_fp8(x.dtype) or is_fp8(w.dtype):
+        _check_fp8(kind, ts, channels, a)
+        return
     if len(ts) == 3:
         b = ts[2]
         _quant_operand(kind, b, "bias", per_tensor=False)
@@ -145,8 +151,20 @@ def _check_weight_bias(kind: str, ts, channels: int) -> None:
             raise InferError(f"{kind} bias scale must be input scale x weight scale")
 
 
+def _check_fp8(kind: str, ts, channels: int, a: dict) -> None:
+    """A float8 conv/gemm (see above): float8 input and weight, a float32 result, a float32 bias."""
+    x, w = ts[0], ts[1]
+    if not (is_fp8(x.dtype) and is_fp8(w.dtype)):
+        raise InferError(f"{kind} takes a float8 input with a float8 weight (or integers with integers), "
+                         f"got {x.dtype} and {w.dtype}")
+    if not dequantizes(a):
+        raise InferError(f"{kind} of float8 operands returns its float32 result (multiplier = [])")
+    if len(ts) == 3 and (ts[2].quant is not None or ts[2].dtype != "float32" or ts[2].shape != (channels,)):
+        raise InferError(f"{kind} of float8 operands takes a float32 bias of shape ({channels},), got {ts[2]}")
+
+
 def _qlinear_conv(ts, a):
-    _check_weight_bias("QLinearConv", ts, ts[1].shape[0])
+    _check_weight_bias("QLinearConv", ts, ts[1].shape[0], a)
     out = _conv([TensorType(t.shape, "float32") for t in ts[:2]], a)[0]
     if _float_result("QLinearConv", a):            # float32 result: y = f32(acc) * f32(s_x s_w[c])
         return [TensorType(out.shape, "float32")]
@@ -158,7 +176,7 @@ def _qlinear_gemm(ts, a):
     A, W = ts[0], ts[1]
     if A.rank != 2 or W.rank != 2 or A.shape[1] != W.shape[1]:
         raise InferError(f"QLinearGemm needs A (M x K) and W (N x K), got {A.shape} and {W.shape}")
-    _check_weight_bias("QLinearGemm", ts, W.shape[0])
+    _check_weight_bias("QLinearGemm", ts, W.shape[0], a)
     if _float_result("QLinearGemm", a):            # float32 result: y = f32(acc) * f32(s_a s_w[n])
         return [TensorType((A.shape[0], W.shape[0]), "float32")]
     _requant_attrs("QLinearGemm", a, W.shape[0], act="epilogue")

@@ -65,6 +65,17 @@ After::
       return %y
     }
 
+Float8 (opset 19 Q/DQ with float8e4m3fn / float8e5m2 zero points, e.g. NVIDIA Model Optimizer's
+FP8 export): only the convs and gemms fold, into QLinearConv/QLinearGemm of float8 operands with a
+float32 result and a float32 bias (the ``no Q after`` row; :mod:`qcompiler.quant.fp8`)::
+
+    DQ(x_f8) DQ(w_f8) [b] -> Conv|Gemm|MatMul [{Relu|Clip}] [-> Q_f8]  =>  QLinearConv|QLinearGemm (float32) [-> Q_f8]
+
+The QuantizeLinear after such a layer stays (a float8 kernel of its own, fused into the layer's
+write-back by the code generator), and every other op between float8 Q and DQ stays float32
+between them, as ONNX Runtime runs it: its results and ours then differ by the float32 rounding
+of the sums (one float8 step where a value lands near a rounding boundary).
+
 The folded op takes the float op's name and its result the QuantizeLinear's name, so a value of
 the artifact is found in the given ONNX model under the same name (``qcompile verify --qdq``).
 """
@@ -76,7 +87,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Op, Value
 from ..ir.ops import REGISTRY
-from ..ir.types import INT_RANGES, QuantParams, dequantize
+from ..ir.types import FP8_MAX, QuantParams, dequantize, is_fp8, storage_range
 from ..quant.hardswish import epilogue_attrs as hardswish_attrs
 from ..quant.qparams import bias_params
 from ..quant.requant import conv_multipliers, quantize_multiplier, quantize_multipliers
@@ -91,6 +102,7 @@ FOLDABLE_ACTS = ("Relu", "Clip")             # a standalone activation before th
 SHAPE_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")
 """Ops that only move values: DQ and Q commute with them (the importer's conv1d is Unsqueeze -> Conv -> Squeeze)."""
 COMPUTE = CONVS + GEMMS + ("Add", "Mul")
+FP8 = tuple(FP8_MAX)
 INT32 = (-2 ** 31, 2 ** 31 - 1)
 
 
@@ -114,9 +126,9 @@ class Folder:
         self.folded = 0
 
     # ---- operands ---------------------------------------------------------------------------
-    def activation(self, v: Value, anchor: Op) -> Value:
-        """The quantized value behind operand ``v``: DequantizeLinear(x_q) (per tensor, 8-bit), or
-        shape ops over one, then made again on x_q (before ``anchor``)."""
+    def activation(self, v: Value, anchor: Op, fp8: bool = False) -> Value:
+        """The quantized value behind operand ``v``: DequantizeLinear(x_q) (per tensor, 8-bit; with
+        ``fp8`` also float8), or shape ops over one, then made again on x_q (before ``anchor``)."""
         chain = []
         while _moves(v.producer):
             chain.append(v.producer)
@@ -126,8 +138,9 @@ class Folder:
             raise Decline(f"operand %{v.name} is float (no DequantizeLinear before it)")
         q = dq.operands[0]
         qp = q.type.quant
-        if qp is None or qp.per_channel or qp.storage not in ACTIVATION_STORAGE:
-            raise Decline(f"operand %{v.name} is not quantized per tensor to uint8/int8")
+        if qp is None or qp.per_channel or not (qp.storage in ACTIVATION_STORAGE or fp8 and is_fp8(qp.storage)):
+            raise Decline(f"operand %{v.name} is not quantized per tensor to uint8/int8"
+                          + (" or float8" if fp8 else ""))
         for m in reversed(chain):
             q = self.g.create_op(m.kind, [q], dict(m.attrs), result_types=[m.result.type.with_quant(qp)],
                                  name=m.name + "_q", result_names=[m.result.name + "_q"], before=anchor).result
@@ -148,9 +161,10 @@ class Folder:
         qp, data = c.type.quant, c.data
         if qp.per_channel and len(qp.scale) > 1 and qp.axis % c.type.rank != axis:
             raise Decline(f"the weight is quantized along axis {qp.axis}, not its output channels")
+        storage = qp.storage if is_fp8(qp.storage) else "int8"
         if qp.storage == "uint8" and set(qp.zero_point) == {128}:
             data = (data.astype(np.int16) - 128).astype(np.int8)
-        elif qp.storage != "int8" or any(qp.zero_point):
+        elif qp.storage != "int8" and not is_fp8(qp.storage) or any(qp.zero_point):
             raise Decline(f"{qp.storage} weights with zero point {qp.zero_point[0]} (the integer kernels "
                           "take int8 weights with zero point 0)")
         for m in reversed(chain):
@@ -158,14 +172,16 @@ class Folder:
                 raise Decline("the weight's output channels are transposed")
             data = np.ascontiguousarray(evaluate(m, [data])[0])
         if qp.per_channel and len(qp.scale) > 1:
-            return data, QuantParams("int8", qp.scale, (0,) * len(qp.scale), 0)
-        return data, QuantParams("int8", qp.scale[:1], (0,))
+            return data, QuantParams(storage, qp.scale, (0,) * len(qp.scale), 0)
+        return data, QuantParams(storage, qp.scale[:1], (0,))
 
     def bias(self, v: Value | None, xqp: QuantParams, wqp: QuantParams, n: int, beta: float = 1.0) -> Value | None:
         """The int32 bias at scale s_x s_w[o]: the model's own integers when it stores them so,
         else its real values re-expressed at that scale (rounded half to even)."""
         if v is None:
             return None
+        if is_fp8(wqp.storage):
+            return self._float_bias(v, n, beta)
         bqp = bias_params(xqp, wqp)
         dq = v.producer
         if v.is_const:
@@ -186,6 +202,19 @@ class Folder:
         q = np.clip(np.round(real / step), *INT32).astype(np.int32)
         return self.g.add_const(q, (v.name if v.graph else "bias") + "_q", quant=bqp)
 
+    def _float_bias(self, v: Value, n: int, beta: float) -> Value:
+        """A float8 conv/gemm's bias: its real values (a float constant, or DequantizeLinear of a
+        quantized one) times ``beta``, as n float32."""
+        dq = v.producer
+        if v.is_const:
+            real = v.data.astype(np.float32)
+        elif dq is not None and dq.kind == "DequantizeLinear" and dq.operands[0].is_const:
+            real = dequantize(dq.operands[0].data, dq.operands[0].type.quant)
+        else:
+            raise Decline("the bias is not constant")
+        real = np.broadcast_to(real.reshape(-1) * np.float32(beta), (n,)).astype(np.float32)
+        return self.g.add_const(np.ascontiguousarray(real), (v.name if v.graph else "bias") + "_f")
+
     # ---- the groups -------------------------------------------------------------------------
     def run(self) -> None:
         for q in list(self.g.ops):
@@ -195,6 +224,8 @@ class Folder:
             op = y.producer
             if op is None or op.kind == "QuantizeLinear":
                 continue
+            if is_fp8(qo.storage):
+                continue          # float8: a conv/gemm returns float32 (run_float_results), its Q stays
             try:
                 if qo.per_channel or qo.storage not in ACTIVATION_STORAGE:
                     raise Decline(f"its QuantizeLinear is not per tensor uint8/int8 ({qo.storage})")
@@ -273,7 +304,7 @@ class Folder:
         a = {**REGISTRY[op.kind].defaults, **op.attrs}
         if op.kind in CONVS:
             w, wqp = self.weight(op.operands[1], 0)
-            x = self.activation(op.operands[0], q)
+            x = self.activation(op.operands[0], q, fp8=q is None)
             if x.type.rank != 4:
                 raise Decline("only 2-D convolutions (rank-4 input) are integer")
             kind, attrs = "QLinearConv", {k: op.attrs[k] for k in ("strides", "dilations", "pads", "group")
@@ -291,10 +322,10 @@ class Folder:
             if n_axis == 1:
                 w = np.ascontiguousarray(w.T)
             if op.kind != "MatMul" and a["alpha"] != 1.0:
-                wqp = QuantParams("int8", tuple(_f32(s * np.float32(a["alpha"])) for s in wqp.scale), wqp.zero_point,
-                                  wqp.axis)
+                wqp = QuantParams(wqp.storage, tuple(_f32(s * np.float32(a["alpha"])) for s in wqp.scale),
+                                  wqp.zero_point, wqp.axis)
             beta = 1.0 if op.kind == "MatMul" else float(a["beta"])
-            x = self.activation(op.operands[0], q)
+            x = self.activation(op.operands[0], q, fp8=q is None)
             if x.type.rank < 2 or (x.type.rank > 2 and op.kind != "MatMul"):
                 raise Decline(f"a rank-{x.type.rank} input")
             kind, attrs = "QLinearGemm", {}
@@ -302,6 +333,8 @@ class Folder:
         if b is not None and int(np.prod(b.shape)) not in (1, n):
             raise Decline("the bias does not broadcast along the output channels only")
         xqp = x.type.quant
+        if is_fp8(xqp.storage) != is_fp8(wqp.storage):
+            raise Decline(f"a {xqp.storage} input with {wqp.storage} weights (float8 takes float8 with float8)")
         bq = self.bias(b, xqp, wqp, n, beta)
         try:
             if qo is None:
@@ -364,7 +397,8 @@ class Folder:
             self.g.rename_op(new, name)
             if not self.g.has_value(rname):
                 self.g.rename(out, rname)
-            self.layers[name] = {"precision": "int8", **info, "output": {"dtype": "float32"}}
+            self.layers[name] = {"precision": "fp8" if is_fp8(info["input"]["dtype"]) else "int8", **info,
+                                 "output": {"dtype": "float32"}}
             self.folded += 1
 
     def binary(self, op: Op, q: Op, act: str, params: list, out_type) -> tuple:
@@ -477,11 +511,12 @@ def _dq_const(v: Value) -> Value | None:
 
 def _scheme(graph: Graph) -> dict[str, Any]:
     acts = sorted({r.type.quant.storage for op in graph.ops for r in op.results if r.type.quant is not None})
-    w = [v.type.quant for v in graph.consts.values() if v.type.quant is not None and v.dtype == "int8"]
+    w = [v.type.quant for v in graph.consts.values() if v.type.quant is not None and v.dtype in ("int8",) + FP8]
+    kinds = "/".join(sorted({p.storage for p in w}))
     return {"source": "the model's own QuantizeLinear/DequantizeLinear (fold-qdq)",
             "activations": "/".join(acts) + " per tensor" if acts else "none",
-            "weights": "int8 " + ("per channel" if any(p.per_channel for p in w) else "per tensor") if w else "none",
-            "bias": "int32"}
+            "weights": kinds + " " + ("per channel" if any(p.per_channel for p in w) else "per tensor") if w else "none",
+            "bias": "float32" if w and all(is_fp8(p.storage) for p in w) else "int32"}
 
 
 def float_reference(graph: Graph) -> Graph:
@@ -496,7 +531,7 @@ def float_reference(graph: Graph) -> Graph:
         q = dq.operands[0].producer if dq.kind == "DequantizeLinear" else None
         if q is not None and q.kind == "QuantizeLinear" and not q.operands[0].is_const:
             qp = q.result.type.quant
-            lo, hi = INT_RANGES[qp.storage]
+            lo, hi = storage_range(qp.storage)
             if qp.per_channel:
                 ranged = q.operands[0]          # per-axis activations: no single range; kept unclamped
             else:
@@ -526,6 +561,6 @@ def fold_qdq(graph: Graph, ctx: PassContext) -> bool:
     f.record_float()
     dequantize_weights(graph, ctx)          # DQ/Q of constants left: a float layer's weights
     graph.meta["quant"] = {"scheme": _scheme(graph), "layers": f.layers, "float_values": f.stands_for}
-    n_int = sum(1 for v in f.layers.values() if v["precision"] == "int8")
+    n_int = sum(1 for v in f.layers.values() if v["precision"] != "float")
     ctx.log(f"fold-qdq: {n_int} ops integer, {len(f.layers) - n_int} float")
     return f.folded > 0

@@ -17,11 +17,13 @@ is what the sparse kernels and the encodings store. Patterns, for a target spars
   the ``round(s * blocks)`` weakest become 0 (per layer, or globally with ``global_``). The element
   sparsity is then the block sparsity up to the padded tail block.
 
-Not pruned by default: depthwise convs (``group == C_in`` with one input channel per group). Their
-im2col matrix is ``[1, kh*kw]`` per channel - one 3x3 filter, nine weights - so a sparse encoding
-has nothing to amortize its indices over, and 2:4/blocks along ``k`` would cut a spatial filter in
-half. They hold ~3 % of a MobileNet's weights (so pruning them buys almost no size) while every
-channel depends on its single filter. The first conv and the last gemm are pruned (not skipped):
+Not pruned by default: convs whose filters read one input channel each: depthwise convs (``group ==
+C_in``) and convs on a one-channel input (a grayscale image's first conv). Their im2col rows are
+``kh*kw`` long - one 3x3 filter, nine weights - so a sparse encoding has nothing to amortize its
+indices over, and 2:4/blocks along ``k`` would cut a spatial filter in half. They hold ~3 % of a
+MobileNet's weights (so pruning them buys almost no size) while every output channel depends on its
+single spatial filter: uspsnet's first conv (1 -> 32 channels, 3x3) pruned to 50 % alone cost 23
+points of top-1 agreement even with reconstruction (``bench/prune_accuracy.py``). The first conv and the last gemm are pruned (not skipped):
 skip them by name or kind with ``skip`` when the accuracy cost is too high.
 
 Run it on the float weights, before ``quantize`` (the CLI does): the weights' int8 scales and the
@@ -35,6 +37,7 @@ the fraction of all-zero 1x4 blocks.
 Records ``graph.meta["sparsity"]``::
 
     {"target": 0.5 | None, "pattern": "unstructured" | "2:4" | "block4" | None, "global": bool,
+     "method": "magnitude" (with a target; "obc" from :mod:`.prune_reconstruct`),
      "layers": {op_name: {"kind", "groups", "matrix": [N, K], "params", "zeros", "sparsity",
                           "nm_2_4": bool, "zero_blocks_1x4": frac, "pruned": bool, "skipped": reason?}}}
 
@@ -69,7 +72,7 @@ class PruneOptions:
     pattern: str = "unstructured"          # unstructured | N:M (e.g. 2:4) | block4
     global_: bool = False                  # one magnitude ranking across layers (unstructured, block4)
     skip: frozenset[str] = field(default_factory=frozenset)   # op names or kinds left dense
-    skip_depthwise: bool = True
+    skip_depthwise: bool = True            # and convs on a one-channel input: filters of one input channel
 
     def __post_init__(self):
         if self.pattern not in ("unstructured", "block4") and nm_of(self.pattern) is None:
@@ -129,6 +132,11 @@ class Layer:
     @property
     def depthwise(self) -> bool:
         return self.op.kind in CONV_KINDS and self.group > 1 and self.weight.shape[1] == 1
+
+    @property
+    def one_channel_filters(self) -> bool:
+        """A conv whose every filter reads one input channel: depthwise, or a one-channel input."""
+        return self.op.kind in CONV_KINDS and self.weight.shape[1] == 1
 
 
 def layers(graph: Graph) -> list[Layer]:
@@ -225,13 +233,15 @@ def skip_reason(layer: Layer, opts: PruneOptions) -> str | None:
         return "skipped by name"
     if op.kind in opts.skip or base_kind(op.kind) in opts.skip:
         return f"skipped by kind {base_kind(op.kind)}"
-    if opts.skip_depthwise and layer.depthwise:
-        return "depthwise (one kh*kw filter per channel: nothing to encode, accuracy-critical)"
+    if opts.skip_depthwise and layer.one_channel_filters:
+        what = "depthwise" if layer.depthwise else "one input channel"
+        return f"{what} (one kh*kw filter per output channel: nothing to encode, accuracy-critical)"
     return None
 
 
-def prune_graph(graph: Graph, opts: PruneOptions) -> dict:
-    """Prune (or, with ``opts.sparsity is None``, only measure) ``graph``; returns the meta record."""
+def chosen_layers(graph: Graph, opts: PruneOptions) -> list[tuple[Layer, str | None]]:
+    """Every conv/gemm layer with a constant weight and why it is left dense (None: it is pruned);
+    a ``skip`` entry that names no layer or kind is a UserError."""
     found = layers(graph)
     known = {l.op.name for l in found} | {l.op.kind for l in found} | {base_kind(l.op.kind) for l in found}
     unknown = sorted(set(opts.skip) - known)
@@ -239,7 +249,28 @@ def prune_graph(graph: Graph, opts: PruneOptions) -> dict:
         raise UserError(f"--no-prune {unknown[0]!r} names no conv/gemm layer with a constant weight", "--no-prune",
                         f"give a layer name (see 'qcompile inspect') or a kind: "
                         f"{', '.join(sorted({base_kind(l.op.kind) for l in found}))}")
-    chosen = [(l, skip_reason(l, opts)) for l in found]
+    return [(l, skip_reason(l, opts)) for l in found]
+
+
+def record(chosen: list[tuple[Layer, str | None]], before: dict[int, dict], pruned: set[int],
+           opts: PruneOptions) -> dict:
+    """The ``graph.meta["sparsity"]`` record: per layer its statistics now, before (``before[id]``),
+    whether it was pruned (``id(layer) in pruned``) or why not."""
+    rows = {}
+    for l, why in chosen:
+        row = stats(l)
+        row["pruned"] = id(l) in pruned
+        row["sparsity_before"] = before[id(l)]["sparsity"]
+        if why is not None:
+            row["skipped"] = why
+        rows[l.op.name] = row
+    return {"target": opts.sparsity, "pattern": opts.pattern if opts.sparsity is not None else None,
+            "global": bool(opts.global_ and opts.sparsity is not None), "layers": rows}
+
+
+def prune_graph(graph: Graph, opts: PruneOptions) -> dict:
+    """Prune (or, with ``opts.sparsity is None``, only measure) ``graph``; returns the meta record."""
+    chosen = chosen_layers(graph, opts)
     todo = [l for l, why in chosen if why is None] if opts.sparsity is not None else []
     masks: dict[int, np.ndarray] = {}
     nm = nm_of(opts.pattern)
@@ -271,22 +302,14 @@ def prune_graph(graph: Graph, opts: PruneOptions) -> dict:
         else:
             for l, m, s in zip(todo, mags, scores):
                 masks[id(l)] = expand_blocks(keep_largest(s, int(round(opts.sparsity * s.size))), m.shape[-1])
-    rec_layers = {}
-    for l, why in chosen:
-        before = stats(l)
+    before = {id(l): stats(l) for l, _ in chosen}
+    for l in todo:
         if id(l) in masks:
             mats = l.matrices()
             l.store(graph, np.where(masks[id(l)], mats, np.zeros((), mats.dtype)))
-        row = stats(l)
-        row["pruned"] = id(l) in masks
-        row["sparsity_before"] = before["sparsity"]
-        if why is not None:
-            row["skipped"] = why
-        rec_layers[l.op.name] = row
     if masks:
         graph.remove_unused_consts()
-    return {"target": opts.sparsity, "pattern": opts.pattern if opts.sparsity is not None else None,
-            "global": bool(opts.global_ and opts.sparsity is not None), "layers": rec_layers}
+    return record(chosen, before, set(masks), opts)
 
 
 def summarize(record: dict) -> dict:
@@ -308,6 +331,8 @@ def prune(graph: Graph, ctx: PassContext) -> bool:
     if opts.sparsity is not None:
         ctx.data["prune.dense_graph"] = graph.clone()      # for the report: the pruning's own SQNR
     rec = prune_graph(graph, opts)
+    if opts.sparsity is not None:
+        rec["method"] = "magnitude"
     graph.meta["sparsity"] = rec
     s = summarize(rec)
     what = f"pruned {s['pruned_layers']} of {s['layers']} layers ({opts.pattern}" + \

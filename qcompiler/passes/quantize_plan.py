@@ -161,8 +161,9 @@ def _rows_gemm(graph: Graph, op: Op, found: tuple | None) -> None:
 
 
 def _fuses_hardswish(act: str, opts: QuantizeOptions) -> bool:
-    """HardSwish stays fused: a float32 epilogue of the conv/gemm (qcompiler.quant.hardswish)."""
-    return act == "HardSwish" and "HardSwish" not in opts.keep_float
+    """HardSwish stays fused: a float32 epilogue of the conv/gemm (qcompiler.quant.hardswish); not
+    in a float8 build, whose convs end in a float32 clamp only."""
+    return act == "HardSwish" and "HardSwish" not in opts.keep_float and opts.fp8 is None
 
 
 # ---- 2. plan -------------------------------------------------------------------------------------
@@ -233,6 +234,7 @@ class Plan:
 
 
 NO_INTEGER_READER = "its result feeds no integer op"
+FP8_FLOAT = "float32 in an fp8 build (only Conv/Gemm/MatMul run on float8 operands)"
 DEMOTABLE = ("Add", "Mul", "GlobalAveragePool", "AveragePool", "Concat")
 """Ops that stay float when no integer op reads their result (their quantized operands dequantized)."""
 
@@ -253,7 +255,8 @@ def plan(graph: Graph, opts: QuantizeOptions) -> Plan:
     Planned again until no such op is left (a demoted Add can leave its producer without an integer
     reader)."""
     demoted: set[Op] = set()
-    float_out: set[Op] = set()
+    # float8: every conv/gemm returns float32 and nothing else is quantized (a single pass)
+    float_out: set[Op] = {op for op in graph.ops if op.kind in CONVS + GEMMS} if opts.fp8 else set()
     while True:
         p = _plan(graph, opts, demoted, float_out)
         need, via_table = _read_quantized(graph, p), _read_quantized(graph, p, tables=True)
@@ -317,6 +320,9 @@ def _plan(graph: Graph, opts: QuantizeOptions, demoted: set, float_out: set) -> 
             why = "kept float (keep_float)"
         elif op in demoted:
             why = NO_INTEGER_READER
+        elif opts.fp8 and op.kind not in CONVS + GEMMS and not (
+                op.kind in ("Relu", "Clip") and _returns_float(p, x) and _foldable(p, x, True)):
+            why = FP8_FLOAT
         elif op.kind in CONVS + GEMMS:
             why = _decline(op)
             role = "compute" if why is None else None
@@ -434,8 +440,12 @@ def activation_qparams(graph: Graph, p: Plan, opts: QuantizeOptions, info: dict)
     need = [v for op, v in p.out.items() if op not in p.float_out] + [op.result for op, r in p.role.items() if r == "concat"]
     need += sorted(p.boundary, key=lambda v: v.name)
     ranges = value_ranges(graph, list(dict.fromkeys(v.name for v in need)), opts, info)
-    scheme = qpm.symmetric if opts.symmetric_activations else qpm.asymmetric
-    P = {v: scheme(*ranges[v.name], opts.activation_dtype) for v in need}
+    if opts.fp8:
+        from ..quant.fp8 import fp8_params
+        P = {v: fp8_params(*ranges[v.name], opts.fp8_storage) for v in need}
+    else:
+        scheme = qpm.symmetric if opts.symmetric_activations else qpm.asymmetric
+        P = {v: scheme(*ranges[v.name], opts.activation_dtype) for v in need}
     made_by = {v: op for op, v in p.out.items()}
     for op, role in p.role.items():                 # concat inputs take the output's params if free to
         if role == "concat":

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Op, Value
 from ..ir.types import QuantParams, quantize
+from ..quant import fp8 as fp8q
 from ..quant import qparams as qpm
 from ..quant.hardswish import epilogue_attrs as hardswish_attrs
 from ..quant.qparams import f32_at_least
@@ -67,6 +68,8 @@ class Rewriter:
         q = new.result
         if qp is None:
             out.replace_all_uses_with(q)
+            if out in self.P:               # float8: the next conv quantizes this float32 result
+                self.P[q] = self.P[out]
         else:
             self.stands_for[q] = out_name
         if qp is not None and (out.uses or is_output(out)):
@@ -95,7 +98,8 @@ class Rewriter:
             elif role == "keep":
                 x = self.qval(op.operands[0], op)
                 new = self.replace(op, op.kind, [x], dict(op.attrs), op.result, self.P[op.result])
-                self.layers[new.name] = {"kind": op.kind, "precision": "int8", "output": qp_summary(self.P[op.result])}
+                self.layers[new.name] = {"kind": op.kind, "precision": self.opts.precision,
+                                         "output": qp_summary(self.P[op.result])}
             elif role == "concat":
                 self.concat(op)
             else:
@@ -147,7 +151,7 @@ class Rewriter:
             info["input"] = qp_summary(x.type.quant)
         rng = list(self.ranges.get(out.name, ()))
         new = self.replace(op, kind, operands, attrs, out, qo)
-        self.layers[new.name] = {"kind": kind, "precision": "int8", **info,
+        self.layers[new.name] = {"kind": kind, "precision": self.opts.precision, **info,
                                  "output": qp_summary(qo) if qo is not None else {"dtype": "float32"},
                                  "range": rng, "method": self.opts.method}
 
@@ -181,18 +185,25 @@ class Rewriter:
         else:
             kind, attrs = "QLinearGemm", {}
             w, b = gemm_weight_bias(op)                        # stored N x K
-        wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        fp8 = self.opts.fp8_storage
+        if fp8 is not None:
+            wqp = fp8q.per_channel_fp8(w, 0, fp8) if self.opts.per_channel else \
+                fp8q.fp8_params(float(w.min()), float(w.max()), fp8)
+        else:
+            wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
         if op.name in self.means:
             eps = qpm.fake_quantize(w, wqp).astype(np.float64) - w.astype(np.float64)
             err = empirical_error(op, eps, self.means[op.name])
             b = ((np.zeros(w.shape[0]) if b is None else b.astype(np.float64)) - err).astype(np.float32)
             info["bias_correction"] = float(np.max(np.abs(err)))
-        if b is not None:
+        if b is not None and fp8 is None:
             wqp, widened = _fit_bias(wqp, xqp.scale[0], b)
             if widened:
                 info["bias_widened_channels"] = widened
         bias = None
-        if b is not None:
+        if b is not None and fp8 is not None:                   # float8: a float32 bias after the scale
+            bias = (np.ascontiguousarray(b.astype(np.float32).reshape(-1)), None)
+        elif b is not None:
             bqp = qpm.bias_params(xqp, wqp)
             bias = (quantize(b, bqp), bqp)
         if qo is None:                                          # float32 result: f32(acc) * s_x s_w
@@ -216,7 +227,7 @@ class Rewriter:
             operands.append(q)
         rng = list(self.ranges.get(op.result.name, ()))
         new = self.replace(op, "Concat", operands, dict(op.attrs), op.result, qo)
-        self.layers[new.name] = {"kind": "Concat", "precision": "int8", "output": qp_summary(qo),
+        self.layers[new.name] = {"kind": "Concat", "precision": self.opts.precision, "output": qp_summary(qo),
                                  "range": rng, "method": self.opts.method}
 
 

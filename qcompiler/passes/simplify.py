@@ -10,6 +10,10 @@ Each rule is an identity that holds exactly (or, for HardSwish, to float roundin
 * ``x * 1 = x``, ``x / 1 = x``, ``x + 0 = x``, ``x - 0 = x`` for a constant 1 or 0 that does not
   broadcast x to a bigger shape; ``Cast(x, dtype of x) = x``; ``Expand(x, s) = x`` and
   ``Concat(x) = x`` when the shape is unchanged; ``Pad(x)`` with all-zero pads is x;
+* ``Max(x, 0) = Relu(x)`` and ``Max(Min(x, hi), lo) = Clip(x, lo, hi)`` for scalar constants
+  (the form ``--export-qdq`` gives a clamp before a float8 QuantizeLinear, past ONNX Runtime's
+  Relu/Clip fusions: :func:`qcompiler.frontend.qdq_export.fp8_clamps_as_max_min`), so fuse-act
+  fuses them again;
 * the decomposed hard swish ``x * Clip(x + 3, 0, 6) / 6`` (also ``* (1/6)``), which exporters
   emit for opsets before 14, is ``HardSwish(x) = x * max(0, min(1, x/6 + 1/2))`` (Howard et al.,
   *Searching for MobileNetV3*, 2019, eq. 2), so fuse-act can fuse it.
@@ -122,6 +126,27 @@ def _is_scalar(value: float, tol: float = 0.0):
     return lambda a: a.size == 1 and abs(float(a.reshape(-1)[0]) - value) <= tol
 
 
+def _scalar_of(v: Value, x: Value) -> float | None:
+    """The value of constant ``v`` when it is one float scalar of x's dtype (None otherwise)."""
+    d = v.data
+    return float(d.reshape(-1)[0]) if d.size == 1 and v.dtype == x.dtype and d.dtype.kind == "f" else None
+
+
+def _max_as_relu(g, m):
+    x = m["x"]
+    if _scalar_of(m["c"], x) != 0.0 or not _keeps_shape(x, m["c"]):
+        return None
+    return g.create_op("Relu", [x], before=m.root, name=m.root.name).result
+
+
+def _max_min_as_clip(g, m):
+    x = m["x"]
+    lo, hi = _scalar_of(m["lo"], x), _scalar_of(m["hi"], x)
+    if lo is None or hi is None or lo > hi or not _keeps_shape(x, m["lo"], m["hi"]):
+        return None
+    return g.create_op("Clip", [x], {"min": lo, "max": hi}, before=m.root, name=m.root.name).result
+
+
 def _is_relu6(op) -> bool:
     a = full_attrs("Clip", **op.attrs)
     return a["min"] == 0.0 and a["max"] == 6.0
@@ -157,6 +182,8 @@ RULES = [
     (Op("Add", Const("c"), Any("x")), _neutral(0.0)),
     (Op("Cast", Any("x")), _cast_same),
     (Op("Pad", Any("x")), _pad_zero),
+    (Op("Max", Op("Min", Any("x"), Const("hi"), single_use=True), Const("lo")), _max_min_as_clip),
+    (Op("Max", Any("x"), Const("c")), _max_as_relu),
 ] + [(p, _hard_swish) for p in _hswish_patterns()]
 
 

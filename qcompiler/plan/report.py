@@ -62,9 +62,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import Graph, Op
-from ..ir.types import INT_RANGES, dequantize, np_dtype
+from ..ir.types import INT_RANGES, dequantize, is_fp8, np_dtype, storage_range
 from ..quant import reference
 from ..quant.calibrate import float_runner
+
+FP8_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}    # the table's 6-character precision column
 
 REPORT = "report.json"
 FORMAT_VERSION = 1
@@ -196,7 +198,7 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
         row: dict[str, Any] = {"name": op.name, "kind": op.kind, "value": op.result.name,
                                "shape": list(op.result.shape)}
         if qp is None and op.kind in ("QLinearConv", "QLinearGemm", "DynamicQLinearGemm"):   # float32 result
-            row.update(precision="int8>f32", weight=_weight_row(op))
+            row.update(precision="fp8>f32" if is_fp8(op.operands[0].dtype) else "int8>f32", weight=_weight_row(op))
             if op.kind == "DynamicQLinearGemm":
                 p = op.operands[1].producer
                 row["range_source"] = f"run time, per {p.attrs.get('granularity', 'token') if p else 'token'}"
@@ -206,9 +208,10 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
             row.update(precision="float", reason=info.get(op.name, {}).get("reason", ""))
             rows.append(row)
             continue
-        lo, hi = INT_RANGES[qp.storage]
+        lo, hi = storage_range(qp.storage)
         s, z = float(qp.scale[0]), int(qp.zero_point[0])
-        row.update(precision=qp.storage, scale=s, zero_point=z, range=[s * (lo - z), s * (hi - z)])
+        row.update(precision=FP8_NAMES.get(qp.storage, qp.storage), scale=s, zero_point=z,
+                   range=[s * (lo - z), s * (hi - z)])
         if op.kind in ("QLinearConv", "QLinearGemm"):
             row["weight"] = _weight_row(op)
         calibrated = info.get(op.name, {}).get("range")
@@ -327,8 +330,8 @@ def evaluate(fp32: Graph, int8: Graph, data: EvalData, rows: list[dict], given: 
         refs = [fv[fo.name] for fo in fp32.outputs] if given is None else given_outputs(feed)
         for row, q, f, qp in pairs:
             energy.add(row["value"], fv[f], dequantize(qv[q], qp) if qp is not None else qv[q])
-            if qp is not None and qp.scale is not None and len(qp.scale) == 1:
-                h = grid_histogram(fv[f], qp)
+            if qp is not None and qp.scale is not None and len(qp.scale) == 1 and qp.storage in INT_RANGES:
+                h = grid_histogram(fv[f], qp)                 # (a float8 grid is not uniform: no histogram)
                 hist[row["value"]] = hist[row["value"]] + h if row["value"] in hist else h
         for i, (qo, fo) in enumerate(zip(int8.outputs, fp32.outputs)):
             r, x = refs[i], qv[qo.name]
@@ -468,7 +471,8 @@ def format_table(report: dict) -> str:
     """The report as text: one row per layer, then the outputs and the sizes."""
     ev = report.get("evaluation", {})
     cal = report.get("calibration", {})
-    lines = [f"int8 build report{': ' + report['model'] if report.get('model') else ''}"
+    q = report.get("dtype") if report.get("dtype") in ("int8", "fp8") else "int8"    # the quantized build's name
+    lines = [f"{q} build report{': ' + report['model'] if report.get('model') else ''}"
              f"{' (' + report['target'] + ')' if report.get('target') else ''}"]
     if cal:
         lines.append(f"calibration: {cal.get('source', '?')}, {cal.get('samples', '?')} samples, "
@@ -497,8 +501,8 @@ def format_table(report: dict) -> str:
                   if x["per_channel"] else f"tensor: {x['scale_min']:.2e}")
         src = r.get("range_source", "")
         src = "calibrated" if src.startswith(CALIBRATED) else {INHERITED: "input's", CONCAT: "concat's"}.get(src, src)
-        if "scale" not in r:                            # an int8 conv/GEMM with a float32 result
-            lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {'int8':<6} {'f32 out':>10} {'':>4}  "
+        if "scale" not in r:                            # an int8 (fp8) conv/GEMM with a float32 result
+            lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {r['precision'].split('>')[0]:<6} {'f32 out':>10} {'':>4}  "
                          f"{wt:<29} {'':<20} {sq:>8}")
             continue
         lines.append(f"{_short(r['name'], w):<{w}}  {r['kind']:<24} {r['precision']:<6} {r['scale']:>10.4g} "
@@ -514,13 +518,13 @@ def format_table(report: dict) -> str:
                          "(fp32 after them vs the model as given)")
     if "accuracy" in ev:
         lines.append(f"top-1 accuracy on the labels: fp32 {100 * ev['accuracy']['fp32']:.2f} %, "
-                     f"int8 {100 * ev['accuracy']['int8']:.2f} %")
+                     f"{q} {100 * ev['accuracy']['int8']:.2f} %")
     sz = report["size"]
-    s = f"parameters: fp32 {_kb(sz['params_fp32_bytes'])} -> int8 {_kb(sz['params_int8_bytes'])}"
+    s = f"parameters: fp32 {_kb(sz['params_fp32_bytes'])} -> {q} {_kb(sz['params_int8_bytes'])}"
     if sz.get("params_ratio") is not None:
         s += f" ({sz['params_ratio']:.2f}x)"
     lines.append(s)
     if "library_fp32_bytes" in sz:
-        lines.append(f"model.so:   fp32 {_kb(sz['library_fp32_bytes'])} (estimated) -> int8 "
+        lines.append(f"model.so:   fp32 {_kb(sz['library_fp32_bytes'])} (estimated) -> {q} "
                      f"{_kb(sz['library_int8_bytes'])} ({sz['library_ratio']:.2f}x)")
     return "\n".join(lines) + "\n"

@@ -188,7 +188,7 @@ class Sensitivity:
         self._parent: frozenset = frozenset()       # the float set whose run _base holds
         self._wanted: dict[frozenset, int] = {}      # how often a set would have been the better base
         self.layers = layers                         # the all-int8 plan's record, per layer
-        self.candidates = [n for n, v in layers.items() if v["precision"] == "int8" and "method" in v]
+        self.candidates = [n for n, v in layers.items() if v["precision"] in ("int8", "fp8") and "method" in v]
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
         self._cache: dict[frozenset, Scores] = {}
         self._per_sample: dict[frozenset, "PerSample | None"] = {}
@@ -409,7 +409,7 @@ class Sensitivity:
         key = frozenset(c for c in self.candidates if c != name)
         s = self.scores(key)
         layers = self._int8_alone[key]
-        return s if layers.get(name, {}).get("precision") == "int8" else None
+        return s if layers.get(name, {}).get("precision") in ("int8", "fp8") else None
 
     def only_float(self, name: str) -> Scores:
         return self.scores(frozenset({name}))

@@ -70,7 +70,7 @@ def elf_sizes(path: str | Path) -> dict[str, int]:
 
 
 def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp32: Graph | None = None,
-                     data=None) -> dict:
+                     data=None, budget=None) -> dict:
     """The report's ``sparsity`` dict for the final ``graph``: it reads (never makes) the decision the
     ``encode-sparse`` pass recorded in ``graph.meta["sparsity"]``, the one the lowering builds from."""
     rec = graph.meta.get("sparsity") or {"layers": {}}
@@ -95,7 +95,8 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
         dense_total += dense_b
         enc_total += e["size"][best]
         stored_total += e["size"][e["format"]]
-    sec = {"target": rec.get("target"), "pattern": rec.get("pattern"), "global": rec.get("global", False),
+    sec = {"target": rec.get("target"), "pattern": rec.get("pattern"), "method": rec.get("method"),
+           "global": rec.get("global", False),
            "objective": objective, "layers": rows, "weights_dense_bytes": dense_total,
            "weights_encoded_bytes": enc_total, "weights_stored_bytes": stored_total,
            "weights_ratio": json_round(enc_total / max(dense_total, 1)),
@@ -116,8 +117,54 @@ def sparsity_section(graph: Graph, *, dense_fp32: Graph | None = None, pruned_fp
         ev = {"samples": res["samples"], "outputs": res["outputs"]}
         if "accuracy" in res:
             ev["accuracy"] = {"fp32_dense": res["accuracy"]["fp32"], "fp32_pruned": res["accuracy"]["int8"]}
+        if budget is not None and budget.budget is not None:
+            ev["budget"] = pruning_budget(sec, ev, budget)
         sec["pruning_effect"] = ev
     return sec
+
+
+def pruning_budget(sec: dict, effect: dict, budget) -> dict:
+    """Whether pruning alone (dense vs pruned fp32 on the held-back data) stays within the user's
+    budget (:class:`~qcompiler.plan.mixed.BudgetOptions`: ``--max-accuracy-drop`` in points of
+    top-1 accuracy, of top-1 agreement with the dense model where the data has no labels, or
+    ``--min-sqnr`` in dB of the worst output), with the one-line warning when it does not."""
+    outs = [o for o in effect["outputs"] if o.get("sqnr_db") is not None]
+    if budget.max_accuracy_drop is not None:
+        acc = effect.get("accuracy")
+        if acc is not None:
+            what, drop = "top-1 accuracy", 100 * (acc["fp32_dense"] - acc["fp32_pruned"])
+            detail = f"{100 * acc['fp32_dense']:.2f} % -> {100 * acc['fp32_pruned']:.2f} %"
+        else:
+            agree = min((o["top1_agreement"] for o in effect["outputs"] if "top1_agreement" in o), default=None)
+            if agree is None:
+                return {"kind": "max-accuracy-drop", "budget": budget.max_accuracy_drop, "met": None,
+                        "note": "the outputs have no classes to compare"}
+            what, drop, detail = "top-1 agreement with the dense model", 100 * (1 - agree), f"{100 * agree:.2f} %"
+        row = {"kind": "max-accuracy-drop", "budget": budget.max_accuracy_drop, "measured": round(drop, 4),
+               "met": drop <= budget.max_accuracy_drop}
+        figure = (f"drops {what} by {drop:.2f} points ({detail})", f"the --max-accuracy-drop budget of "
+                  f"{budget.max_accuracy_drop:g} points")
+    else:
+        worst = min(outs, key=lambda o: o["sqnr_db"]) if outs else None
+        if worst is None:
+            return {"kind": "min-sqnr", "budget": budget.min_sqnr, "met": None, "note": "no output SQNR"}
+        row = {"kind": "min-sqnr", "budget": budget.min_sqnr, "measured": worst["sqnr_db"],
+               "met": worst["sqnr_db"] >= budget.min_sqnr}
+        figure = (f"leaves output {worst['name']} at {worst['sqnr_db']:.2f} dB SQNR against the dense model",
+                  f"the --min-sqnr budget of {budget.min_sqnr:g} dB")
+    if not row["met"]:
+        how = "obc" if sec.get("method") == "obc" else "magnitude"
+        target = sec["pattern"] if sec["pattern"] != "unstructured" else f"{100 * sec['target']:g} % unstructured"
+        tries = ["a lower --sparsity" if sec["pattern"] != "2:4" else "--sparsity-pattern unstructured with a lower "
+                 "--sparsity", "--no-prune NAME on the layers that lose most (report.json sparsity.layers[]."
+                 "pruning_sqnr_db)"]
+        if how == "magnitude":
+            tries.insert(0, "--prune-method obc with --calib DATA (re-fits the kept weights)")
+        else:
+            tries.append("more --calib-samples")
+        row["warning"] = (f"pruning alone ({how}, {target}) {figure[0]} on {effect['samples']} held-back samples, "
+                          f"beyond {figure[1]}: try {', '.join(tries[:-1])} or {tries[-1]}")
+    return row
 
 
 def building_library(out_dir: str | Path) -> Path | None:
@@ -155,7 +202,8 @@ def format_lines(sec: dict) -> list[str]:
     """A few lines for the text report."""
     pruned = f", {100 * sec['pruned_sparsity']:.1f} % of the pruned layers'" if sec.get("pruned_sparsity") else ""
     s = [f"sparsity: {100 * sec['sparsity']:.1f} % of {sec['params']:,} conv/gemm weights are zero{pruned}"
-         + (f" (pruned: {sec['pattern']}, target {sec['target']:g}{', global' if sec['global'] else ''})"
+         + (f" (pruned: {sec['pattern']}, target {sec['target']:g}{', global' if sec['global'] else ''}"
+            f"{', ' + sec['method'] if sec.get('method') else ''})"
             if sec.get("target") is not None else " (detected, nothing pruned)")]
     n_sparse = sum(r["format_time"] != "dense" for r in sec["layers"])
     n_stored = sum(r["format"] != "dense" for r in sec["layers"])

@@ -82,12 +82,13 @@ def value_runs(graph: Any, dataset: Iterable[Feed], values: list[str]) -> Iterat
     return _runs(model, types, dataset, values, True, "run", floats_only=False)
 
 
-def float_runner(graph: Any, values: list[str]) -> Callable[[Feed], dict[str, np.ndarray]]:
+def float_runner(graph: Any, values: list[str], floats_only: bool = True) -> Callable[[Feed], dict[str, np.ndarray]]:
     """One onnxruntime session for ``graph`` (as :func:`float_runs`) as a function: feed -> the
-    named float values over all its samples (the runs it is cut into at the model's batch joined).
-    The session is made here: a graph onnxruntime cannot hold or run fails now, not at the first feed."""
+    named float values (any values with ``floats_only=False``) over all its samples (the runs it is
+    cut into at the model's batch joined). The session is made here: a graph onnxruntime cannot hold
+    or run fails now, not at the first feed."""
     model, types, _ = _model_and_types(graph)
-    sess, fetch, from_feed, inputs, batch = _session(model, types, values, True)
+    sess, fetch, from_feed, inputs, batch = _session(model, types, values, floats_only)
     names = fetch + from_feed
 
     def run(feed: Feed) -> dict[str, np.ndarray]:

@@ -6,6 +6,9 @@ Integer ops compute exactly what the int8 kernels must compute, bit for bit (see
     QLinearConv  acc = Σ (xq - z_x) * wq + bq        (padding contributes real 0: xq = z_x)
                  q   = clamp(z_out + rrs(acc * m[c], s[c]), lo, hi)
                  (activation HardSwish: the float32 epilogue of :mod:`.hardswish` instead)
+    float8       acc = Σ xq * wq in float64, rounded once to float32 (exact for E4M3: :mod:`.fp8`)
+                 y   = clamp(fma(acc, f32(s_x s_w[c]), b[c]))   (float32; the kernels' float32 sums
+                 differ from it by their own summation order's rounding)
 
 Accumulators are formed with float64 matrix products of integers (|products| < 2^15, sums far
 below 2^53, so exact, and BLAS-fast) and checked to fit int32. Float ops (those the quantizer
@@ -29,11 +32,11 @@ import numpy as np
 from ..ir.graph import Graph, Op
 from ..ir.interp import KERNELS as FLOAT_KERNELS, TYPED_KERNELS, EvalError, registrar
 from ..ir.ops import REGISTRY
-from ..ir.types import INT_RANGES, dequantize, np_dtype, quantize
+from ..ir.types import INT_RANGES, dequantize, is_fp8, np_dtype, quantize
 from ..ir.windows import chunked_matmul, conv_sum, windows
 from . import hardswish
 from .dynamic import dynamic_gemm, quant_params
-from .requant import activation_clamp, dequantized, requantize
+from .requant import activation_clamp, dequant_scales, dequantized, float_clamp, requantize
 
 Kernel = Callable[[Op, list, dict], list]
 KERNELS: dict[str, Kernel] = {}
@@ -185,6 +188,8 @@ def _add_bias(acc: np.ndarray, op: Op, xs, axis: int = 1) -> np.ndarray:
 
 @kernel("QLinearConv")
 def _qconv(op, xs, a):
+    if is_fp8(op.operands[0].dtype):
+        return [_fp8_result(op, conv_sum(_f64(xs[0]), _f64(xs[1]), a, _out_spatial(op)), xs, a)]
     w = xs[1]
     x, dt, chunk = _shifted_input(op, xs, int(np.prod(w.shape[1:])))
     acc = _add_bias(conv_sum(x, w, a, _out_spatial(op), dt, chunk), op, xs)
@@ -193,9 +198,30 @@ def _qconv(op, xs, a):
 
 @kernel("QLinearGemm")
 def _qgemm(op, xs, a):
+    if is_fp8(op.operands[0].dtype):
+        return [_fp8_result(op, _f64(xs[0]) @ _f64(xs[1]).T, xs, a)]
     A, dt, chunk = _shifted_input(op, xs, xs[1].shape[1])
     acc = _add_bias(chunked_matmul(A, xs[1].astype(dt).T, chunk), op, xs)
     return [_float_or_requant(op, acc, a)]
+
+
+def _f64(q: np.ndarray) -> np.ndarray:
+    return np.asarray(q).astype(np.float32).astype(np.float64)      # float8 -> its (exact) value
+
+
+def _fp8_result(op: Op, acc: np.ndarray, xs, a: dict) -> np.ndarray:
+    """A float8 QLinearConv/QLinearGemm's result from the float64 sum of its products (exact for E4M3,
+    see :mod:`.fp8`), channels on axis 1: ``clamp(fma(f32(acc), f32(s_x s_w[c]), b[c]))``, the
+    multiply-add rounded once to float32 as the kernels' contracted FMA rounds it (formed in float64:
+    the product of two float32 is exact there, the add rounds to float64 first, which differs from
+    one rounding only where that float64 lands exactly between two float32)."""
+    f = dequant_scales(op.operands[0].type.quant.scale[0], op.operands[1].type.quant.scale)
+    y = acc.astype(np.float32).astype(np.float64) * _channel(f.astype(np.float64), acc.ndim)
+    if len(xs) == 3:
+        y = y + _channel(xs[2].astype(np.float32).astype(np.float64), y.ndim)
+    y = y.astype(np.float32)
+    lo, hi = float_clamp(a["activation"], a["activation_params"] or [])
+    return np.clip(y, np.float32(lo), np.float32(hi))
 
 
 def _float_or_requant(op: Op, acc: np.ndarray, a: dict) -> np.ndarray:

@@ -78,12 +78,17 @@ def test_run_time_scale_refused():
     _one_line(e.value, "scale", "not a constant")
 
 
-def test_float8_refused():
+def test_float8_imports_and_fnuz_refused():
+    """OCP float8 (opset 19) imports as the float8 quantized type (tests/quant/test_fp8_qdq.py has
+    the rest); the FNUZ variants are refused with one line."""
     m = model([h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
               {"s": np.float32(0.1), "z": h.make_tensor("z", T.FLOAT8E4M3FN, [], [0.0])}, X.shape, opset=19)
+    assert str(import_onnx(m).outputs[0].type.quant) == "!quant.uniform<f8E4M3FN:f32, 0.1>"
+    m = model([h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+              {"s": np.float32(0.1), "z": h.make_tensor("z", T.FLOAT8E4M3FNUZ, [], [0.0])}, X.shape, opset=19)
     with pytest.raises(UserError) as e:
         import_onnx(m)
-    assert "\n" not in str(e.value)
+    _one_line(e.value, "float8", "no FNUZ float8")
 
 
 def test_int8_quantize_pass_refuses_prequantized():

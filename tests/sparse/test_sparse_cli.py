@@ -54,8 +54,9 @@ def test_prune_50_int8_fashion_accuracy_reported(tmp_path, capsys):
     sec = rep["sparsity"]
     assert sec["target"] == 0.5 and sec["pattern"] == "unstructured"
     pruned = [r for r in sec["layers"] if r["pruned"]]
-    dw = [r for r in sec["layers"] if not r["pruned"]]
-    assert len(pruned) == 17 and len(dw) == 7 and all("depthwise" in r["skipped"] for r in dw)
+    dense = [r for r in sec["layers"] if not r["pruned"]]     # 7 depthwise and the grayscale stem
+    assert len(pruned) == 16 and len(dense) == 8
+    assert sorted(r["skipped"].split(" (")[0] for r in dense) == ["depthwise"] * 7 + ["one input channel"]
     # int8 rounding can only add zeros to the float pruning's exact 50 %
     assert all(r["sparsity"] >= 0.5 - 1 / r["params"] for r in pruned)
     assert all(r["format_time"] in ("dense", "csr", "bsr1x4", "bsr4x1") for r in sec["layers"])
@@ -140,14 +141,14 @@ def test_convert_writes_the_pruned_model(tmp_path, capsys):
         if node.op_type in ("Conv", "Gemm") and node.input[1] in inits:
             w = inits[node.input[1]]
             group = next((a.i for a in node.attribute if a.name == "group"), 1)
-            if w.ndim == 4 and group > 1 and w.shape[1] == 1:
-                assert (w != 0).mean() > 0.9                                   # depthwise: not pruned
+            if w.ndim == 4 and w.shape[1] == 1:      # depthwise, or the grayscale stem: not pruned
+                assert (w != 0).mean() > 0.9
                 continue
             mats = conv_matrices(w, group) if w.ndim == 4 else (w if any(
                 a.name == "transB" and a.i for a in node.attribute) else w.T)[None]
             assert all(is_24(x) for x in mats), node.name
             seen += 1
-    assert seen == 17
+    assert seen == 16
     x = rm.fashion_test()[0][:1]
     y = rm.ort_run(str(out), {m.graph.input[0].name: x})[0]
     assert y.shape == (1, 10) and np.isfinite(y).all()

@@ -25,10 +25,12 @@ def _padded(ctx, n: int, tile: int) -> int:
     return n if ctx.spec.family is Family.CUDA else padded_extent(n, tile)
 
 
-def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
+def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense", load=None):
     """a2 @ wmat for a logical (M, K) tensor ``a2`` and a constant (K, N) array, viewed with
     ``out_shape``. N is padded up to a multiple of the vector width (zero weight columns) when it
-    has no power-of-two factor that large; the padding is cut off by the view."""
+    has no power-of-two factor that large; the padding is cut off by the view. ``load``: the float32
+    value of a stored weight element (default: its cast; float8 bits: :func:`.fp8.decode`)."""
+    load = load or (lambda v: cast(v, F32))
     m = a2.shape[0]
     mpad = _padded(ctx, m, ROW_TILE)
     n = wmat.shape[1]
@@ -44,7 +46,7 @@ def _dense(ctx, a2, k: int, wmat: np.ndarray, out_shape, name="dense"):
     rk = te.reduce_axis((0, k), "rk")
     row = repeat_last(m, mpad)
     d = compute((mpad, npad // bn, bn), lambda i, no, ni: te.sum(
-        a2.at((row(i), rk)) * cast(wp[no, rk, ni], F32), axis=[rk]), name=name)
+        a2.at((row(i), rk)) * load(wp[no, rk, ni]), axis=[rk]), name=name)
     ctx.schedule("dense", mb=divisor_at_most(mpad, ROW_TILE))
     if npad == n and mpad == m:
         return Buf(d, out_shape, F32)

@@ -31,12 +31,13 @@ import numpy as np
 from tvm import te, tirx
 
 from ...ir.ops import REGISTRY
-from ...ir.types import INT_RANGES, TensorType
+from ...ir.types import INT_RANGES, TensorType, is_fp8
 from ...ir.types import quantize as np_quantize
 from ...quant.requant import activation_clamp
 from ..cuda import int8 as cuda_int8
 from ..x86 import qwinograd, se_mul
 from . import elementwise as kelem
+from . import fp8 as kfp8
 from . import qdot
 from .conv import _attrs2d, _is_cuda, conv2d_accumulate, depthwise_int_exact_f32, pick_block
 from .requant import (channel_vec, float_channel_vec, float_clamp_fn, folded_bias, hardswish_fn, is_cpu, is_x86,
@@ -69,6 +70,8 @@ def qconv2d(ctx, a, ins, outs):
     ``vpmaddwd``: Winograd F(2x2, 3x3), :mod:`..x86.qwinograd`, bit-identical); depthwise convs
     on x86 the float32 kernel, exact while max|x|·Σ|w| < 2^24 (:func:`.conv.depthwise_int_exact_f32`);
     else the blocked conv with int16 products."""
+    if is_fp8(ctx.op.operands[0].dtype):
+        return kfp8.qconv2d(ctx, a, ins, outs)
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -113,6 +116,8 @@ def _hardswish_on_float_acc(ctx, a, out, w: np.ndarray, bias, z: int, acc_f) -> 
 
 # ---- QLinearGemm ----------------------------------------------------------------------------------
 def qgemm(ctx, a, ins, outs):
+    if is_fp8(ctx.op.operands[0].dtype):
+        return kfp8.qgemm(ctx, a, ins, outs)
     A = ins[0]
     w = ctx.const_data(1)                       # N x K
     if w is None:
@@ -279,6 +284,7 @@ def qavgpool(ctx, a, ins, outs):
 def maxpool(ctx, a, ins, outs, float_builder):
     """MaxPool: the float kernel, or on stored integers (padding with the storage minimum)."""
     x = ins[0]
+    _no_fp8(ctx)
     if x.dtype not in INT_RANGES:
         return float_builder(ctx, a, ins, outs)
     if x.rank != 4:
@@ -302,6 +308,7 @@ def maxpool(ctx, a, ins, outs, float_builder):
 
 def global_maxpool(ctx, a, ins, outs, float_builder):
     x = ins[0]
+    _no_fp8(ctx)
     if x.dtype not in INT_RANGES:
         return float_builder(ctx, a, ins, outs)
     n, c, h, w = x.shape
@@ -328,6 +335,8 @@ def _per_axis(ctx, qp, rank):
 def quantize_linear(ctx, a, ins, outs):
     (x,) = ins
     qp = outs[0].quant
+    if is_fp8(qp.storage):
+        return [kfp8.quantize_linear(ctx, x, qp, outs[0].dtype)]
     lut = _lookup_chain(ctx, qp)
     if lut is not None:
         return [lut]
@@ -439,6 +448,8 @@ def dequantize_linear(ctx, a, ins, outs):
     if not hasattr(ctx, "qsources"):
         ctx.qsources = {}
     ctx.qsources[id(ctx.op.result)] = x
+    if is_fp8(qp.storage):
+        return [kfp8.dequantize_linear(ctx, x, qp, outs[0].dtype)]
     fsc, fzp = _per_axis(ctx, qp, x.rank)
     return [Lazy(x.shape, outs[0].dtype,
                  lambda idx: cast(cast(x.at(idx), I32) - fzp(idx), F32) * fsc(idx))]
@@ -502,6 +513,7 @@ def requantize(ctx, a, ins, outs):
 def relu_clip(ctx, a, ins, outs, float_builder):
     """Relu/Clip on quantized values clamp at Q(0) / [Q(min), Q(max)] of the operand's params."""
     qp = ctx.op.operands[0].type.quant
+    _no_fp8(ctx)
     if qp is None:
         return float_builder(ctx, a, ins, outs)
     (x,) = ins
@@ -512,7 +524,16 @@ def relu_clip(ctx, a, ins, outs, float_builder):
                  lambda idx: tirx.max(tirx.min(cast(x.at(idx), I32), hi_c), lo_c))]
 
 
+def _no_fp8(ctx) -> None:
+    """Plain ops on float8 values (the stored bits) are not lowered: the quantize pass and fold-qdq
+    leave them float (a QDQ model's MaxPool between float8 Q and DQ would come here)."""
+    if any(is_fp8(v.dtype) for v in ctx.op.operands):
+        raise NotImplementedError(f"{ctx.op.kind} on float8 values (only float8 Conv/Gemm/MatMul, "
+                                  "QuantizeLinear and DequantizeLinear are lowered)")
+
+
 def pad(ctx, a, ins, outs, float_builder):
+    _no_fp8(ctx)
     qp = ctx.op.operands[0].type.quant
     if qp is not None and a["mode"] == "constant":
         a = dict(a, value=int(np_quantize(np.float32(a.get("value", 0.0) or 0.0), qp).item()))
