@@ -369,23 +369,3 @@ def test_warning_when_pruning_misses_min_sqnr(tmp_path, capsys):
     assert "the --min-sqnr budget of 30 dB" in warn[0] and "64 held-back samples" in warn[0]
     assert (tmp_path / "out" / "model.so").exists()
 
-
-BAD = {
-    "obc without calib": (["--sparsity", "0.5", "--prune-method", "obc"],
-                          "--prune-method obc re-fits the kept weights on calibration data, and none is given"),
-    "obc and global": (["--sparsity", "0.5", "--prune-method", "obc", "--sparsity-global", "--calib", DATA],
-                       "--sparsity-global ranks magnitudes across layers"),
-    "method alone": (["--prune-method", "magnitude"], "--prune-method needs --sparsity"),
-    "unknown method": (["--sparsity", "0.5", "--prune-method", "obs"], "invalid choice"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_prune_method(tmp_path, capsys, case):
-    argv, msg = BAD[case]
-    out = tmp_path / "out"
-    code = main(["compile", FASHION, "-o", str(out), "-q", *argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
-    assert not out.exists()

@@ -27,6 +27,12 @@ BAD = {
     "no-prune alone": (["--no-prune", "Conv"], "--no-prune needs --sparsity"),
     "no-prune unknown": (["--sparsity", "0.5", "--no-prune", "/nope/Conv"], "names no conv/gemm layer"),
     "objective": (["--sparse-objective", "fast"], "invalid choice"),
+    "obc without calib": (["--sparsity", "0.5", "--prune-method", "obc"],
+                          "--prune-method obc re-fits the kept weights on calibration data, and none is given"),
+    "obc and global": (["--sparsity", "0.5", "--prune-method", "obc", "--sparsity-global", "--calib", DATA],
+                       "--sparsity-global ranks magnitudes across layers"),
+    "method alone": (["--prune-method", "magnitude"], "--prune-method needs --sparsity"),
+    "unknown method": (["--sparsity", "0.5", "--prune-method", "obs"], "invalid choice"),
 }
 
 
