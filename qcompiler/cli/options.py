@@ -49,17 +49,18 @@ def remote_options(args) -> RemoteOptions | None:
 def _target(args) -> TargetSpec:
     if getattr(args, "target", None) is None:          # inspect/convert: this host
         return TargetSpec("x86")
-    dtype = args.dtype
-    if dtype is None:                                   # a pre-quantized model compiles as it is quantized
-        from ..frontend.onnx_qdq import prequantized_dtype
-        dtype = "int8" if getattr(args, "requantize", False) else (prequantized_dtype(args.model) or "fp32")
-    fp8 = getattr(args, "fp8_format", None)
+    dtype, fp8 = args.dtype, getattr(args, "fp8_format", None)
+    requantize = getattr(args, "requantize", False)
+    own_dtype, own_fp8 = None, []                       # a pre-quantized model compiles as it is quantized
+    if not requantize and (dtype is None or dtype == "fp8" and fp8 is None):
+        from ..frontend.onnx_qdq import prequantized_formats
+        own_dtype, own_fp8 = prequantized_formats(args.model)
+    if dtype is None:
+        dtype = "int8" if requantize else (own_dtype or "fp32")
     if fp8 is not None and dtype != "fp8":
         raise UserError(f"--fp8-format {fp8} chooses the float8 format of an fp8 build, but --dtype is {dtype}",
                         "--fp8-format", "add --dtype fp8, or drop --fp8-format")
-    if fp8 is None and dtype == "fp8" and not getattr(args, "requantize", False):
-        from ..frontend.onnx_qdq import prequantized_fp8_formats     # a float8 QDQ model: its own format
-        fp8 = next(iter(prequantized_fp8_formats(args.model)), None)
+    fp8 = fp8 or next(iter(own_fp8), None)              # a float8 QDQ model: its own format
     return TargetSpec(family=args.target, dtype=dtype, cpu=args.cpu,
                       arch=tuple(a.strip() for a in args.arch.split(",") if a.strip()),
                       features=tuple(f.strip() for f in args.features.split(",") if f.strip()),

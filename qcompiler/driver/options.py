@@ -102,6 +102,11 @@ class SparsityOptions:
     objective: Literal["time", "size"] = "time"
     method: Literal["magnitude", "obc"] | None = None
 
+    @property
+    def prunes(self) -> bool:
+        """Whether pruning is asked for: a fraction, or the 2:4 pattern (which zeroes half)."""
+        return self.fraction is not None or self.pattern == "2:4"
+
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -201,8 +206,7 @@ class CompileOptions:
         if cal.requantize and (spec.dtype not in QUANTIZED_DTYPES or cal.source is None):
             raise UserError("re-calibrating a pre-quantized model needs --dtype int8 and --calib",
                             "--requantize", "add --calib DATA (and --dtype int8), or drop --requantize")
-        pruning = self.sparsity.fraction is not None or self.sparsity.pattern == "2:4"
-        if spec.dtype not in QUANTIZED_DTYPES and cal.eval_path and not pruning:
+        if spec.dtype not in QUANTIZED_DTYPES and cal.eval_path and not self.sparsity.prunes:
             raise UserError("--eval needs --dtype int8 or --sparsity (it is for the build report's int8 and "
                             "pruning figures)", "--eval", "add --dtype int8")
         if cal.activations not in ("static", "dynamic") or cal.dynamic_granularity not in DYNAMIC_GRANULARITIES:

@@ -35,14 +35,13 @@ from .options import BiasCorrection, CompileOptions, SparsityOptions
 def prune_options(sp: SparsityOptions) -> PruneOptions | None:
     """PruneOptions of the sparsity options (None: no pruning), contradictions refused."""
     f, pattern = sp.fraction, sp.pattern
-    if f is None and pattern == "2:4":
-        f = 0.5
-    if f is None:
+    if not sp.prunes:
         for flag, given in (("--sparsity-pattern", pattern), ("--sparsity-global", sp.global_ranking),
                             ("--no-prune", sp.skip), ("--prune-method", sp.method)):
             if given:
                 raise UserError(f"{flag} needs --sparsity", flag, "add --sparsity F (e.g. 0.5)")
         return None
+    f = 0.5 if f is None else f                         # 2:4 alone: half
     if not 0.0 < f < 1.0:
         raise UserError(f"the fraction of zeros must be between 0 and 1 (exclusive), got {f:g}", "--sparsity",
                         "give the fraction of weights to zero, e.g. 0.5")
@@ -58,16 +57,14 @@ def prune_options(sp: SparsityOptions) -> PruneOptions | None:
 
 def prune_method(opts: CompileOptions) -> str:
     """``--prune-method``, or its default: obc where calibration data is given (not random) and no
-    global magnitude ranking is asked for, else magnitude. obc without data is refused."""
+    global magnitude ranking is asked for, else magnitude. obc without data is refused (and with
+    ``--sparsity-global`` by :class:`PruneReconstructOptions`)."""
     sp, c = opts.sparsity, opts.calib
     method = sp.method or ("obc" if c.source is not None and not c.is_random and not sp.global_ranking
                            else "magnitude")
     if method == "obc" and c.source is None:
         raise UserError("--prune-method obc re-fits the kept weights on calibration data, and none is given",
                         "--prune-method", "add --calib DATA, or use --prune-method magnitude")
-    if method == "obc" and sp.global_ranking:
-        raise UserError("--sparsity-global ranks magnitudes across layers; obc prunes each layer to its own target",
-                        "--sparsity-global", "drop --sparsity-global, or add --prune-method magnitude")
     return method
 
 
@@ -115,10 +112,10 @@ def _check_prequantized_dtype(graph, opts: CompileOptions) -> None:
         raise UserError(f"--dtype fp8, but this model arrives quantized to integers ({'/'.join(sorted(stored))}: its "
                         "own QuantizeLinear/DequantizeLinear)", "--dtype", fix)
     if spec.dtype == "fp8" and Fp8Format(spec.fp8_format).storage not in fp8:
-        have = {Fp8Format.E4M3.storage: "e4m3", Fp8Format.E5M2.storage: "e5m2"}
         raise UserError(f"--fp8-format {spec.fp8_format}, but this model arrives quantized to {'/'.join(fp8)} (its own "
                         "float8 QuantizeLinear/DequantizeLinear)", "--fp8-format",
-                        f"use --fp8-format {have[fp8[0]]} (or leave it out), or re-calibrate: --requantize --calib DATA")
+                        f"use --fp8-format {Fp8Format.of_storage(fp8[0]).value} (or leave it out), or re-calibrate: "
+                        "--requantize --calib DATA")
 
 
 def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOptions:

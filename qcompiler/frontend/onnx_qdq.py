@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import QuantParams
+from ..ir.types import FP8_MAX, QuantParams
 from .onnx_ops import conv_window
 from .onnx_registry import converter, opt_input
 
@@ -50,49 +50,45 @@ default for it) runs the fold-qdq pass instead of quantize: the Q/DQ groups beco
 the model's own scales (:mod:`qcompiler.passes.fold_qdq`)."""
 
 
+def _main_graph(path: str):
+    """The main graph of the ONNX file at ``path``, read without its external data; None for a file
+    ONNX cannot parse (the importer reports a bad file with one line)."""
+    import onnx
+    try:
+        return onnx.load(path, load_external_data=False).graph
+    except Exception:                 # noqa: BLE001
+        return None
+
+
 def is_prequantized(path: str) -> bool:
     """Whether the ONNX file at ``path`` is a pre-quantized model (any node of :data:`PREQUANTIZED`
-    in its main graph); read without its external data. False for a file ONNX cannot parse (the
-    import then says why)."""
+    in its main graph). False for a file ONNX cannot parse."""
+    g = _main_graph(path)
+    return g is not None and any(n.op_type in PREQUANTIZED for n in g.node)
+
+
+def prequantized_formats(path: str) -> tuple[str | None, list[str]]:
+    """The ``--dtype`` a pre-quantized model builds with by default and its ``--fp8-format`` values,
+    from one reading of the file: ("fp8", ["e4m3"]) when a QuantizeLinear or DequantizeLinear of its
+    main graph has a float8 zero point (or ``output_dtype``: "e4m3", "e5m2"), ("int8", []) for an
+    integer one, (None, []) for a float model or a file ONNX cannot parse."""
     import onnx
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception:                 # noqa: BLE001 -- the importer reports a bad file with one line
-        return False
-    return any(n.op_type in PREQUANTIZED for n in model.graph.node)
-
-
-def prequantized_dtype(path: str) -> str | None:
-    """The ``--dtype`` a pre-quantized model builds with by default: "fp8" when a QuantizeLinear or
-    DequantizeLinear of its main graph has a float8 zero point (or ``output_dtype``), else "int8";
-    None for a float model (:func:`is_prequantized`)."""
-    if not is_prequantized(path):
-        return None
-    return "fp8" if prequantized_fp8_formats(path) else "int8"
-
-
-def prequantized_fp8_formats(path: str) -> list[str]:
-    """The ``--fp8-format`` values ("e4m3", "e5m2") of the float8 QuantizeLinear/DequantizeLinear of
-    a model's main graph (their zero point's type or ``output_dtype``); [] when it has none, or for
-    a file ONNX cannot parse (the import then says why)."""
-    import onnx
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception:                 # noqa: BLE001
-        return []
+    g = _main_graph(path)
+    if g is None or not any(n.op_type in PREQUANTIZED for n in g.node):
+        return None, []
     names = {onnx.TensorProto.FLOAT8E4M3FN: "e4m3", onnx.TensorProto.FLOAT8E5M2: "e5m2"}
-    types = {t.name: t.data_type for t in model.graph.initializer}
+    types = {t.name: t.data_type for t in g.initializer}
     found = set()
-    for n in model.graph.node:
+    for n in g.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             if len(n.input) > 2 and types.get(n.input[2]) in names:
                 found.add(names[types[n.input[2]]])
             found.update(names[a.i] for a in n.attribute if a.name == "output_dtype" and a.i in names)
-    return sorted(found)
+    return ("fp8" if found else "int8"), sorted(found)
 
 
 _STORAGE = ("uint8", "int8", "uint16", "int16")       # QuantizeLinear outputs the IR can hold
-_FP8 = ("float8_e4m3fn", "float8_e5m2")               # opset 19's OCP float8 (not the FNUZ variants)
+_FP8 = tuple(FP8_MAX)                                 # opset 19's OCP float8 (not the FNUZ variants)
 _ONNX_OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 17: "float8_e4m3fn", 19: "float8_e5m2"}
 
 

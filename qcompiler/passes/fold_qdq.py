@@ -180,40 +180,21 @@ class Folder:
         else its real values re-expressed at that scale (rounded half to even)."""
         if v is None:
             return None
-        if is_fp8(wqp.storage):
-            return self._float_bias(v, n, beta)
+        if is_fp8(wqp.storage):                 # float8: the real values, as n float32
+            real = np.broadcast_to(_bias_values(v).astype(np.float32).reshape(-1) * np.float32(beta), (n,))
+            return self.g.add_const(np.ascontiguousarray(real, np.float32), (v.name if v.graph else "bias") + "_f")
         bqp = bias_params(xqp, wqp)
         dq = v.producer
-        if v.is_const:
-            real = v.data.astype(np.float64)
-        elif dq is not None and dq.kind == "DequantizeLinear" and dq.operands[0].is_const:
-            c = dq.operands[0]
-            cqp = c.type.quant
-            if (beta == 1.0 and c.dtype == "int32" and c.data.size == n and not any(cqp.zero_point)
-                    and cqp.scale == bqp.scale):
-                if c.shape == (n,) and cqp == bqp:
-                    return c                      # the model's own constant
-                return self.g.add_const(np.ascontiguousarray(c.data.reshape(n)), c.name, quant=bqp)
-            real = dequantize(c.data, cqp).astype(np.float64)
-        else:
-            raise Decline("the bias is not constant")
-        real = np.broadcast_to(real.reshape(-1) * beta, (n,))
+        c = dq.operands[0] if not v.is_const and dq is not None and dq.kind == "DequantizeLinear" else None
+        if (c is not None and c.is_const and beta == 1.0 and c.dtype == "int32" and c.data.size == n
+                and not any(c.type.quant.zero_point) and c.type.quant.scale == bqp.scale):
+            if c.shape == (n,) and c.type.quant == bqp:
+                return c                          # the model's own constant
+            return self.g.add_const(np.ascontiguousarray(c.data.reshape(n)), c.name, quant=bqp)
+        real = np.broadcast_to(_bias_values(v).astype(np.float64).reshape(-1) * beta, (n,))
         step = np.broadcast_to(np.asarray(bqp.scale, np.float64), (n,))
         q = np.clip(np.round(real / step), *INT32).astype(np.int32)
         return self.g.add_const(q, (v.name if v.graph else "bias") + "_q", quant=bqp)
-
-    def _float_bias(self, v: Value, n: int, beta: float) -> Value:
-        """A float8 conv/gemm's bias: its real values (a float constant, or DequantizeLinear of a
-        quantized one) times ``beta``, as n float32."""
-        dq = v.producer
-        if v.is_const:
-            real = v.data.astype(np.float32)
-        elif dq is not None and dq.kind == "DequantizeLinear" and dq.operands[0].is_const:
-            real = dequantize(dq.operands[0].data, dq.operands[0].type.quant)
-        else:
-            raise Decline("the bias is not constant")
-        real = np.broadcast_to(real.reshape(-1) * np.float32(beta), (n,)).astype(np.float32)
-        return self.g.add_const(np.ascontiguousarray(real), (v.name if v.graph else "bias") + "_f")
 
     # ---- the groups -------------------------------------------------------------------------
     def run(self) -> None:
@@ -499,6 +480,16 @@ class Folder:
                     changed = True
         self.g.remove_unused_consts()
         return n
+
+
+def _bias_values(v: Value) -> np.ndarray:
+    """The real values of a conv/gemm's bias: a float constant, or DequantizeLinear of a quantized one."""
+    dq = v.producer
+    if v.is_const:
+        return v.data
+    if dq is not None and dq.kind == "DequantizeLinear" and dq.operands[0].is_const:
+        return dequantize(dq.operands[0].data, dq.operands[0].type.quant)
+    raise Decline("the bias is not constant")
 
 
 def _dq_const(v: Value) -> Value | None:

@@ -65,8 +65,7 @@ from ..ir.graph import Graph, Op
 from ..ir.types import INT_RANGES, dequantize, is_fp8, np_dtype, storage_range
 from ..quant import reference
 from ..quant.calibrate import float_runner
-
-FP8_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}    # the table's 6-character precision column
+from ..quant.fp8 import Fp8Format
 
 REPORT = "report.json"
 FORMAT_VERSION = 1
@@ -210,8 +209,8 @@ def layer_rows(int8: Graph, percentile: float | None = None) -> list[dict]:
             continue
         lo, hi = storage_range(qp.storage)
         s, z = float(qp.scale[0]), int(qp.zero_point[0])
-        row.update(precision=FP8_NAMES.get(qp.storage, qp.storage), scale=s, zero_point=z,
-                   range=[s * (lo - z), s * (hi - z)])
+        row.update(precision=Fp8Format.of_storage(qp.storage).value if is_fp8(qp.storage) else qp.storage,
+                   scale=s, zero_point=z, range=[s * (lo - z), s * (hi - z)])
         if op.kind in ("QLinearConv", "QLinearGemm"):
             row["weight"] = _weight_row(op)
         calibrated = info.get(op.name, {}).get("range")

@@ -53,6 +53,11 @@ class Fp8Format(str, enum.Enum):
     def max(self) -> float:
         return FP8_MAX[self.storage]
 
+    @classmethod
+    def of_storage(cls, storage: str) -> "Fp8Format":
+        """The format whose storage dtype is ``storage`` (``float8_e4m3fn`` -> E4M3)."""
+        return next(f for f in cls if f.storage == storage)
+
 
 FORMATS = tuple(f.value for f in Fp8Format)
 

@@ -15,7 +15,7 @@ from fp8_models import ZERO_POINT_TYPE, fp8_qdq_model, ort_session, with_outputs
 
 import qcompiler as qc
 from qcompiler.errors import UserError
-from qcompiler.frontend.onnx_qdq import prequantized_dtype
+from qcompiler.frontend.onnx_qdq import prequantized_formats
 from qcompiler.frontend.qdq_export import export_qdq, fp8_clamps_as_max_min
 from qcompiler.ir import print_graph
 from qcompiler.ir.types import round_fp8
@@ -89,7 +89,7 @@ def test_reference_within_one_step_of_onnxruntime(tmp_path, storage):
 
 def test_prequantized_dtype_and_refusals(tmp_path):
     onnx.save(fp8_qdq_model("float8_e5m2"), tmp_path / "f8.onnx")
-    assert prequantized_dtype(str(tmp_path / "f8.onnx")) == "fp8"
+    assert prequantized_formats(str(tmp_path / "f8.onnx"))[0] == "fp8"
     m = fp8_qdq_model()
     for n in m.graph.node:
         if n.op_type == "QuantizeLinear":
@@ -245,7 +245,7 @@ def test_onnxruntime_quantizer_fp8_model_compiles_and_verifies(tmp_path):
     quantize_static(str(tmp_path / "f19.onnx"), str(tmp_path / "q8.onnx"), Reader(), quant_format=QuantFormat.QDQ,
                     calibrate_method=CalibrationMethod.Distribution, activation_type=QuantType.QFLOAT8E4M3FN,
                     weight_type=QuantType.QFLOAT8E4M3FN, per_channel=True)
-    assert prequantized_dtype(str(tmp_path / "q8.onnx")) == "fp8"
+    assert prequantized_formats(str(tmp_path / "q8.onnx"))[0] == "fp8"
     assert main([str(tmp_path / "q8.onnx"), "--debug-layers", "-o", str(tmp_path / "out"), "-q"]) == 0
     np.save(tmp_path / "x.npy", x[500:564])
     rep = verify(tmp_path / "out", str(tmp_path / "x.npy"), qdq=str(tmp_path / "q8.onnx"))

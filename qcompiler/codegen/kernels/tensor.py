@@ -19,16 +19,15 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
+from ...ir.types import is_fp8
+
 FLOATS = ("float32", "float16", "bfloat16", "float64")
-
-
-FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def compute_dtype(dtype: str) -> str:
     """The dtype arithmetic is done in: float32 for every float type, the type itself otherwise;
     float8 values are carried as their uint8 bits (stored so too), which :mod:`.fp8` decodes."""
-    if dtype in FP8:
+    if is_fp8(dtype):
         return "uint8"
     return "float32" if dtype in FLOATS else dtype
 
