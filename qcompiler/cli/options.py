@@ -5,7 +5,7 @@ import re
 
 from ..codegen.target import TargetSpec
 from ..driver import (BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource, PipelineOptions,
-                      RemoteOptions, SparsityOptions, TuneOptions)
+                      RemoteOptions, SparsityOptions, TuneOptions, WeightRounding)
 from ..errors import UserError
 
 
@@ -98,7 +98,8 @@ def compile_options(args) -> CompileOptions:
                            requantize=getattr(args, "requantize", False),
                            smooth_quant=_smooth_quant(getattr(args, "smooth_quant", None)),
                            activations=getattr(args, "activations", "static"),
-                           dynamic_granularity=getattr(args, "dynamic_granularity", "token")),
+                           dynamic_granularity=getattr(args, "dynamic_granularity", "token"),
+                           weight_rounding=WeightRounding(getattr(args, "weight_rounding", "nearest"))),
         budget=BudgetOptions(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                              args.sensitivity, args.sensitivity_samples, args.budget_confidence,
                              getattr(args, "layer_costs", "off")),

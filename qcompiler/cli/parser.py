@@ -69,6 +69,9 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
                    help="cross-layer range equalization (default: on with --per-tensor)")
     q.add_argument("--bias-correction", default=None, choices=("none", "analytic", "empirical"),
                    help="correct the int8 weights' mean output shift (default empirical)")
+    q.add_argument("--weight-rounding", default="nearest", choices=("nearest", "gptq"),
+                   help="round the quantized weights each to its nearest value (default), or gptq: each layer's "
+                        "rounding errors compensated on the calibration data (Frantar et al. 2022)")
     q.add_argument("--smooth-quant", nargs="?", const="auto", default=None, metavar="ALPHA",
                    help="SmoothQuant: move activation outliers into the weights of linear layers, strength ALPHA "
                         "in [0, 1] (no value: chosen per layer from the calibration data)")

@@ -17,6 +17,7 @@ from ..codegen.target import Family, TargetSpec
 from ..errors import UserError
 from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..plan.mixed import BudgetOptions
+from ..quant.gptq import WeightRounding
 from .shapes import DynamicDim
 
 QUANTIZED_DTYPES = ("int8", "fp8")
@@ -74,6 +75,7 @@ class CalibOptions:
     smooth_quant: float | Literal["auto"] | None = None   # SmoothQuant α (or chosen per layer); None: off
     activations: Literal["static", "dynamic"] = "static"   # dynamic: linear layers' inputs quantized at run time
     dynamic_granularity: Literal["token", "tensor"] = "token"   # dynamic: one scale per row, or per tensor
+    weight_rounding: WeightRounding = WeightRounding.NEAREST   # gptq: error-compensating, fitted on the calibration data
 
     @property
     def dynamic(self) -> bool:
@@ -154,6 +156,7 @@ class CompileOptions:
         given = [flag for flag, on in (("--equalize", bool(cal.equalize)),
                                        ("--bias-correction", cal.bias_correction not in (None, BiasCorrection.NONE)),
                                        ("--requantize", cal.requantize),
+                                       ("--weight-rounding gptq", cal.weight_rounding is WeightRounding.GPTQ),
                                        ("--min-sqnr/--max-accuracy-drop", b.budget is not None),
                                        ("--force-int8", bool(b.force_int8)), ("--sensitivity", bool(b.sensitivity)),
                                        ("--export-qdq", bool(self.export_qdq)),
@@ -214,6 +217,14 @@ class CompileOptions:
                             "--activations", "give --activations static|dynamic, --dynamic-granularity token|tensor")
         if cal.dynamic:
             self._check_dynamic()
+        if cal.weight_rounding is WeightRounding.GPTQ:
+            if spec.dtype not in QUANTIZED_DTYPES:
+                raise UserError(f"--weight-rounding gptq rounds quantized weights, but --dtype is {spec.dtype}",
+                                "--weight-rounding", "add --dtype int8 or fp8, or drop --weight-rounding")
+            if cal.is_random:
+                raise UserError("--weight-rounding gptq fits the rounding to calibration data, and "
+                                + ("none is given" if cal.source is None else "--calib random is not representative"),
+                                "--weight-rounding", "add --calib DATA, or use --weight-rounding nearest")
         if spec.dtype in QUANTIZED_DTYPES and cal.eval_samples < 0:
             raise UserError(f"--eval-samples must be 0 or more, got {cal.eval_samples}", "--eval-samples",
                             "give a number of samples, or 0 to skip the evaluation")

@@ -86,7 +86,8 @@ def _check_prequantized(opts: CompileOptions) -> None:
                                    ("--sensitivity", bool(b.sensitivity)), ("--equalize", bool(c.equalize)),
                                    ("--bias-correction", c.bias_correction is not None),
                                    ("--per-tensor", c.per_tensor), ("--sparsity", opts.sparsity.fraction is not None),
-                                   ("--smooth-quant", c.smooth_quant is not None))
+                                   ("--smooth-quant", c.smooth_quant is not None),
+                                   ("--weight-rounding gptq", c.weight_rounding.value == "gptq"))
              if on]
     if given:
         raise UserError(f"{given[0]} changes how a model is quantized, but this model arrives quantized (its own "
@@ -124,7 +125,8 @@ def quantize_options(opts: CompileOptions, calib: CalibSource) -> QuantizeOption
                            calib=calib.calibration(), keep_float=frozenset(opts.budget.keep_float),
                            progress=not opts.quiet, random_samples=c.random_samples,
                            bias_correction=c.bias_correction in (None, BiasCorrection.EMPIRICAL),
-                           fp8=opts.target.fp8_format if opts.target.dtype == "fp8" else None)
+                           fp8=opts.target.fp8_format if opts.target.dtype == "fp8" else None,
+                           weight_rounding=c.weight_rounding)
 
 
 def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None = None, evaluation=None,

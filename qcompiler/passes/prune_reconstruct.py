@@ -49,7 +49,8 @@ import numpy as np
 from ..errors import UserError
 from ..ir.graph import Graph, Op
 from ..ir.ops import full_attrs
-from ..sparse.reconstruct import BLOCK, DAMP, Gram, Pattern, conv_rows, gemm_rows, reconstruct
+from ..quant.gram import BLOCK, DAMP, Gram, conv_rows, gemm_rows
+from ..sparse.reconstruct import Pattern, reconstruct
 from ._common import pass_options, quantize_calib
 from .equalize import bias_of, set_weights
 from .manager import PassContext, register_pass

@@ -125,6 +125,7 @@ from typing import Any
 from ..errors import UserError
 from ..ir.graph import Graph
 from ..quant.fp8 import FORMATS, Fp8Format
+from ..quant.gptq import GptqRounding, WeightRounding
 from ..quant.observers import Method
 from ._common import pass_options
 from .manager import PassContext, register_pass
@@ -147,6 +148,7 @@ class QuantizeOptions:
     progress: bool = False                 # a one-line progress bar on stderr while calibrating (TTY only)
     bias_correction: bool = True           # b -= ε·E[x] from the calibration data (not with calib None)
     fp8: str | None = None                 # "e4m3" | "e5m2": float8 convs/gemms instead of int8 (see below)
+    weight_rounding: WeightRounding = WeightRounding.NEAREST   # gptq: error-compensating, from calib (see below)
 
     def __post_init__(self):
         known = [m.value for m in Method]
@@ -162,6 +164,9 @@ class QuantizeOptions:
             raise UserError(f"percentile {self.percentile} outside (0, 100]", "quantize options",
                             "give e.g. 99.99")
         self.keep_float = frozenset(self.keep_float)
+        if str(getattr(self.weight_rounding, "value", self.weight_rounding)) not in [r.value for r in WeightRounding]:
+            _bad("weight_rounding", self.weight_rounding, [r.value for r in WeightRounding])
+        self.weight_rounding = WeightRounding(self.weight_rounding)
         if self.fp8 is not None:
             if str(getattr(self.fp8, "value", self.fp8)) not in FORMATS:
                 _bad("fp8", self.fp8, list(FORMATS))
@@ -185,6 +190,22 @@ def _bad(name, got, known):
 # ctx.data key: {"calib", "means", "float_outputs"} of a float run over the calibration data made
 # before the pass (qcompiler.plan.mixed's sensitivity), re-used when it is the same data
 CALIB_RUN = "quantize.calib_run"
+
+
+def gptq_rounding(graph: Graph, pl, opts: QuantizeOptions, pre: dict | None = None) -> GptqRounding | None:
+    """``weight_rounding`` gptq: the Gram matrices of the convs/gemms to quantize over the
+    calibration data (the float graph after step 1), or those of the run ``pre`` made on the same
+    data; None for round-to-nearest. Refused without calibration data (GPTQ fitted to random
+    inputs would fit their directions, not the model's)."""
+    if opts.weight_rounding is not WeightRounding.GPTQ:
+        return None
+    if opts.calib is None:
+        raise UserError("GPTQ weight rounding fits the weights to calibration data, and none is given",
+                        "quantize", "give calibration data (--calib DATA), or --weight-rounding nearest")
+    if pre is not None and pre["calib"] is opts.calib and pre.get("rounding") is not None:
+        return pre["rounding"]
+    layers = [op for op, role in pl.role.items() if role == "compute" and op.kind in CONVS + GEMMS]
+    return GptqRounding.collect(graph, opts.calib, layers)
 
 
 @register_pass("quantize", options=QuantizeOptions)
@@ -212,6 +233,7 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     P, ranges = activation_qparams(graph, pl, opts, info)
     float_outputs: list = []
     pre = ctx.data.get(CALIB_RUN)
+    rounding = gptq_rounding(graph, pl, opts, pre)
     if pre is not None and pre["calib"] is opts.calib and opts.bias_correction:
         # the sensitivity ran the same float graph (prepared the same way) on the same calibration data
         names = {op.name for op, role in pl.role.items() if role == "compute" and op.kind in CONVS + GEMMS}
@@ -221,13 +243,17 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         means = layer_input_means(graph, pl, opts, float_outputs)
     if means:
         keep, with_db, without_db = bias_correction_helps(ctx.data["quantize.float_graph"], opts, ranges, means,
-                                                           float_outputs)
+                                                           float_outputs, rounding=rounding)
         info["bias_correction"] = {"applied": keep, "calibration_sqnr_db": {"with": round(with_db, 3),
                                                                              "without": round(without_db, 3)}}
         if not keep:
             means = {}
-    rw = Rewriter(graph, pl, P, ranges, opts, means)
+    rw = Rewriter(graph, pl, P, ranges, opts, means, rounding=rounding)
     rw.run()
+    if rounding is not None:
+        chosen = [v["rounding"]["rounding"] for v in rw.layers.values() if "rounding" in v]
+        info["weight_rounding"] = {"method": "gptq", "layers": len(chosen),
+                                   "gptq": chosen.count("gptq"), "nearest": chosen.count("nearest")}
     per = "per channel" if opts.per_channel else "per tensor"
     scheme = {"activations": f"{opts.activation_dtype} "
                              f"{'symmetric' if opts.symmetric_activations else 'asymmetric'} per tensor",

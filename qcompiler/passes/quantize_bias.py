@@ -37,19 +37,19 @@ def layer_input_means(graph: Graph, p: Plan, opts: QuantizeOptions,
     return mean_inputs(graph, opts.calib, layers, outputs) if layers else {}
 
 
-def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict) -> Graph:
+def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict, rounding=None) -> Graph:
     """A quantized copy of ``src`` (the float graph after step 1) with the given ranges (no
-    calibration) and bias-correction means."""
+    calibration), bias-correction means and weight rounding."""
     g = src.clone()
     pl = plan(g, opts)
     o = replace(opts, ranges=dict(ranges))
     P, _ = activation_qparams(g, pl, o, {})
-    Rewriter(g, pl, P, ranges, o, means).run()
+    Rewriter(g, pl, P, ranges, o, means, rounding=rounding).run()
     return g
 
 
 def bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict,
-                           float_outputs: list | None = None) -> tuple[bool, float, float]:
+                           float_outputs: list | None = None, *, rounding=None) -> tuple[bool, float, float]:
     """Whether the bias correction lowers the error of the graph outputs on the calibration data:
     (keep it, output SQNR in dB with it, without it, over the feeds compared), the quantized graph
     run by the reference interpreter against the float graph.
@@ -60,14 +60,15 @@ def bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means
     uspsnet it made the output worse even with E[x] taken from the evaluation data itself
     (36.37 -> 36.28 dB; on its 256 calibration samples 40.92 -> 40.68 dB, the same sign on all
     five real models). So it is kept only where the calibration data says it helps: strictly
-    lower total squared error of the outputs. ``float_outputs``: ``src``'s outputs per calibration
+    lower total squared error of the outputs (both with the weights ``rounding`` gives, GPTQ's or
+    None: round-to-nearest's). ``float_outputs``: ``src``'s outputs per calibration
     feed when already computed (:func:`layer_input_means` runs the same float graph on the same
     feeds), else run here.
 
     The feeds are compared in groups of MIN_FEEDS (:func:`variant_runner`), and the comparison
     stops early once the remaining ones cannot plausibly reverse the sign (:func:`sign_settled`):
     each feed costs two whole-model runs, and the answer often is clear after a few."""
-    variants = {k: variant_runner(_rewritten(src, opts, ranges, m))
+    variants = {k: variant_runner(_rewritten(src, opts, ranges, m, rounding))
                 for k, m in (("with", means), ("without", {}))}
     total = len(float_outputs) if float_outputs is not None else \
         (len(opts.calib) if hasattr(opts.calib, "__len__") else None)

@@ -3,8 +3,12 @@ QLinear ops with their quantized weights, int32 biases and fixed-point multiplie
 QuantizeLinear/DequantizeLinear at the float boundaries, and records each layer for
 ``graph.meta["quant"]``.
 
-    rw = Rewriter(graph, plan, P, ranges, opts, means)
+    rw = Rewriter(graph, plan, P, ranges, opts, means, rounding=rounding)
     rw.run()                               # rw.layers: name -> kind, precision, params, range
+
+``rounding``: a :class:`~qcompiler.quant.gptq.GptqRounding` (``--weight-rounding gptq``): the
+weights of the layers it holds Gram matrices for rounded by GPTQ onto the same grid (same scales)
+as round-to-nearest's; the bias correction then corrects the mean error of those weights.
 
 ``weights``: a dict shared by the rewrites of clones of one graph with the same options and means
 (the mixed-precision variants of :class:`~qcompiler.plan.sensitivity.Sensitivity`): a conv/gemm's
@@ -29,6 +33,7 @@ from .bias_correct import empirical_error
 from .quantize_plan import CONVS, GEMMS, Plan, gemm_weight_bias, window_count
 
 if TYPE_CHECKING:
+    from ..quant.gptq import GptqRounding
     from .quantize import QuantizeOptions
 
 BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the products
@@ -36,8 +41,9 @@ BIAS_LIMIT = 2 ** 30      # |b_q| bound: leaves 2^30 of int32 headroom for the p
 
 class Rewriter:
     def __init__(self, graph: Graph, plan: Plan, P: dict, ranges: dict, opts: QuantizeOptions,
-                 means: dict | None = None, weights: dict | None = None):
+                 means: dict | None = None, weights: dict | None = None, rounding: GptqRounding | None = None):
         self.g, self.p, self.P, self.ranges, self.opts = graph, plan, P, ranges, opts
+        self.rounding = rounding
         self.weights = weights                      # a cache shared by rewrites of one graph's clones (see linear)
         self.means = means or {}                    # Conv/Gemm name -> its input averaged over the calibration data
         self.qv: dict[Value, Value] = {}            # float value (or its DequantizeLinear) -> quantized
@@ -191,8 +197,14 @@ class Rewriter:
                 fp8q.fp8_params(float(w.min()), float(w.max()), fp8)
         else:
             wqp = qpm.per_channel_symmetric(w, 0) if self.opts.per_channel else qpm.symmetric(float(w.min()), float(w.max()))
+        w_grid = w                                             # the values to store (GPTQ's: on wqp's grid)
+        if self.rounding is not None:
+            w_hat, rounding = self.rounding.weights(op, w, wqp)
+            if w_hat is not None:
+                w_grid = w_hat
+                info["rounding"] = dict(rounding)
         if op.name in self.means:
-            eps = qpm.fake_quantize(w, wqp).astype(np.float64) - w.astype(np.float64)
+            eps = qpm.fake_quantize(w_grid, wqp).astype(np.float64) - w.astype(np.float64)
             err = empirical_error(op, eps, self.means[op.name])
             b = ((np.zeros(w.shape[0]) if b is None else b.astype(np.float64)) - err).astype(np.float32)
             info["bias_correction"] = float(np.max(np.abs(err)))
@@ -214,7 +226,7 @@ class Rewriter:
         info["input"] = qp_summary(xqp)
         info["weight"] = {"per_channel": wqp.per_channel, "channels": int(w.shape[0]),
                           "scale_min": min(wqp.scale), "scale_max": max(wqp.scale)}
-        return kind, attrs, (quantize(w, wqp), wqp), bias, info
+        return kind, attrs, (quantize(w_grid, wqp), wqp), bias, info
 
     def concat(self, op: Op) -> None:
         qo = self.P[op.result]

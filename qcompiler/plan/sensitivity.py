@@ -50,6 +50,7 @@ from ..errors import UserError
 from ..ir.graph import Graph
 from ..ir.types import dequantize
 from ..passes import quantize_bias, quantize_plan, quantize_rewrite
+from ..passes.quantize import gptq_rounding
 from ..progress import report
 from ..quant import reference
 from ..quant.calibrate import float_runs, value_runs
@@ -173,13 +174,17 @@ class Sensitivity:
         self.means: dict = {}
         self._weights: dict = {}                    # the integer weights per (layer, params): Rewriter's cache
         self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
+        self.rounding = gptq_rounding(self.graph, plan, opts)    # --weight-rounding gptq: its Gram matrices
+        if self.rounding is not None:
+            self.calib_run = {"calib": opts.calib, "means": {}, "float_outputs": [], "rounding": self.rounding}
         if opts.bias_correction and opts.calib is not None:
             float_outputs: list = []
             means = quantize_bias.layer_input_means(self.graph, plan, opts, float_outputs)
-            self.calib_run = {"calib": opts.calib, "means": means, "float_outputs": float_outputs}
+            self.calib_run = {"calib": opts.calib, "means": means, "float_outputs": float_outputs,
+                              "rounding": self.rounding}
             if means:
                 keep, *_ = quantize_bias.bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
-                                                    float_outputs)
+                                                    float_outputs, rounding=self.rounding)
                 self.means = means if keep else {}
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())
@@ -204,7 +209,7 @@ class Sensitivity:
                     ranges=self.ranges)
         plan = quantize_plan.plan(g, o)
         P, _ = quantize_plan.activation_qparams(g, plan, o, {})
-        rw = quantize_rewrite.Rewriter(g, plan, P, self.ranges, o, self.means, self._weights)
+        rw = quantize_rewrite.Rewriter(g, plan, P, self.ranges, o, self.means, self._weights, self.rounding)
         rw.run()
         self._stands_for = {q.name: f for q, f in rw.stands_for.items()}
         return g, rw.layers

@@ -17,7 +17,7 @@ its error as far as they can (the OBS update, restricted to ``F``)::
 
 With the columns visited left to right, ``F = {j+1..K−1}`` for every row alike, and the row of
 ``[H_F⁻¹]`` it needs is row ``j`` of the upper Cholesky factor ``U`` of ``H⁻¹ = UᵀU``, divided by
-``U_jj`` (:func:`qcompiler.sparse.reconstruct.inverse_upper_factor`, the factor SparseGPT uses
+``U_jj`` (:func:`qcompiler.quant.gram.inverse_upper_factor`, the factor SparseGPT uses
 too)::
 
     for j in 0..K−1:   err = (w_j − s·q_j) / U_jj;   w_{j:} −= err · U_{j,j:}
@@ -45,13 +45,14 @@ sequential variant is :mod:`qcompiler.passes.prune_reconstruct`'s frontier).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
 from ..ir.graph import Graph, Op
-from ..sparse.reconstruct import BLOCK, DAMP, Gram, conv_rows, damped, damping, gemm_rows, inverse_upper_factor
+from .gram import BLOCK, DAMP, Gram, conv_rows, damped, damping, gemm_rows, inverse_upper_factor
 
 ROWS_PER_COLUMN = 16
 """A conv's Gram matrix sums at most this many rows per column (``K``) of its im2col gemm, drawn at
@@ -242,3 +243,53 @@ def layer_grams(graph: Graph, calib: Iterable, layers: list[Op], *, rows_per_col
     for f in feeds:
         add(run(f))
     return grams
+
+
+# ---- the quantize pass's use ---------------------------------------------------------------------------
+class WeightRounding(str, enum.Enum):
+    """``--weight-rounding``: how the quantized weights are rounded onto their grid."""
+    NEAREST = "nearest"            # each weight to its nearest grid value
+    GPTQ = "gptq"                  # error-compensating, from the calibration data (this module)
+
+
+class GptqRounding:
+    """The GPTQ rounding of a quantize pass: the calibration Gram matrices of its layers and, per
+    (layer, weight params), the weights chosen (:func:`choose_rounding`), computed once however
+    many rewrites of the graph ask (the bias correction's check and the mixed-precision variants
+    rewrite it again).
+
+        rounding = GptqRounding.collect(graph, calib, layers)
+        w_hat, info = rounding.weights(op, w, wqp)      # w [N, ...] output channels first; None: not a layer
+    """
+
+    def __init__(self, grams: dict[str, CalibGram]):
+        self.grams = grams
+        self._done: dict = {}
+
+    @classmethod
+    def collect(cls, graph: Graph, calib: Iterable, layers: list[Op]) -> "GptqRounding":
+        return cls(layer_grams(graph, calib, layers) if layers else {})
+
+    def weights(self, op: Op, w: np.ndarray, wqp) -> tuple[np.ndarray | None, dict]:
+        """``w`` (float32, output channels first: a conv's ``[N, C/g, kh, kw]``, a gemm's ``N x K``)
+        rounded onto the grid of ``wqp`` (int8 symmetric or float8, per channel or per tensor), as
+        float32 values ``s·q`` that ``quantize(·, wqp)`` stores exactly; ``(None, {})`` for a layer
+        without a Gram matrix."""
+        gram = self.grams.get(op.name)
+        if gram is None:
+            return None, {}
+        key = (op.name, wqp)
+        if key not in self._done:
+            g = gram.halves.shape[1]
+            wm = np.asarray(w, np.float64).reshape(g, w.shape[0] // g, -1)
+            s = np.broadcast_to(np.asarray(wqp.scale, np.float64).reshape(-1) if wqp.per_channel else
+                                np.float64(wqp.scale[0]), (w.shape[0],)).reshape(g, -1)
+            from ..ir.types import INT_RANGES, is_fp8
+            if is_fp8(wqp.storage):
+                rounder = fp8_grid(s, wqp.storage)
+            else:
+                lo, hi = INT_RANGES[wqp.storage]
+                rounder = integer_grid(s, max(lo, -hi), hi)          # symmetric: -127..127
+            w_hat, info = choose_rounding(wm, gram, rounder)
+            self._done[key] = (w_hat.reshape(w.shape).astype(np.float32), info)
+        return self._done[key]

@@ -19,7 +19,8 @@ from qcompiler.passes.prune import PruneOptions, layers, nm_mask
 from qcompiler.passes.prune_reconstruct import PruneReconstructOptions
 from qcompiler.quant.reference import run_values
 from qcompiler.sparse.format import conv_matrices, is_24
-from qcompiler.sparse.reconstruct import Gram, Pattern, conv_rows, damping, reconstruct
+from qcompiler.quant.gram import Gram, conv_rows, damping
+from qcompiler.sparse.reconstruct import Pattern, reconstruct
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = os.path.join(ROOT, "models", "fashion_mobilenet.onnx")

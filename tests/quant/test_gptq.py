@@ -14,7 +14,7 @@ import pytest
 from qcompiler.api import import_onnx
 from qcompiler.quant import reference
 from qcompiler.quant.gptq import fp8_grid, gptq_round, integer_grid, layer_grams, nearest, rounding_loss
-from qcompiler.sparse.reconstruct import conv_rows, damped, damping
+from qcompiler.quant.gram import conv_rows, damped, damping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_quantize_real import synthetic_model  # noqa: E402
