@@ -327,13 +327,14 @@ def import_batched(model, shape, batch):
     return import_onnx(m, {name: (batch, *shape[1:])}), name
 
 
-def quantize_batched(model: str, x, n_calib: int, batch: int):
+def quantize_batched(model: str, x, n_calib: int, batch: int, fp8: str | None = None):
     """(graph, input name): ``model`` imported at batch ``batch`` (:func:`import_batched`), the
-    default passes run, then the quantize pass calibrated on ``x[:n_calib]`` in batches of ``batch``."""
+    default passes run, then the quantize pass calibrated on ``x[:n_calib]`` in batches of ``batch``
+    (to float8 ``fp8``, "e4m3" or "e5m2", where given; else int8)."""
     from qcompiler.passes import PassContext, PassManager, run_passes
     from qcompiler.passes.quantize import QuantizeOptions
     g, name = import_batched(model, (1, *x.shape[1:]), batch)
     run_passes(g)
     calib = [{name: x[s:s + batch]} for s in range(0, n_calib, batch)]
-    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib)})).run(g)
+    PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(calib=calib, fp8=fp8)})).run(g)
     return g, name

@@ -135,7 +135,7 @@ def _compile_parser(sub) -> None:
     c.add_argument("--target", default="x86", choices=("x86", "arm", "cuda"), help="target family (x86)")
     c.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16", "int8", "fp8"),
                    help="precision (fp32; int8 for a pre-quantized QDQ model, fp8 for a float8 one); int8 and "
-                        "fp8 need --calib unless the model is pre-quantized; bf16: cuda only; fp8: x86/arm")
+                        "fp8 need --calib unless the model is pre-quantized; bf16: cuda only; fp8: x86, arm, cuda sm_89+")
     c.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact folder to write")
     t = c.add_argument_group("target details")
     t.add_argument("--cpu", default=None, help="LLVM CPU name (x86: the host's; arm: e.g. cortex-a76)")

@@ -23,7 +23,8 @@ CUDA: plain NCHW (opt-in blocked int8 activations), our tensor-core and direct s
 lowering, dlight's rules for the rest: see :mod:`.cuda`.
 
 Float8 graphs (``--dtype fp8``): float8 values are stored and carried as their uint8 bits and
-decoded/encoded in the kernels (:mod:`.kernels.fp8`); never a graph input or output.
+decoded/encoded in the kernels (:mod:`.kernels.fp8`; CUDA's float8 tensor-core GEMMs reinterpret
+them, :mod:`.cuda.fp8`); never a graph input or output.
 
 Quantized graphs (made by the quantize pass; any ``spec.dtype``, "int8" included): every integer op
 kind lowers through :mod:`.kernels.quant` (QuantizeLinear, DequantizeLinear, QLinearConv incl.
@@ -193,6 +194,7 @@ class Lowering:
     def __init__(self, graph: Graph, spec: TargetSpec, gpu_schedules: bool = True):
         self.graph, self.spec = graph, spec
         self.vw = vector_width(spec)
+        self.gpu_schedules = gpu_schedules
         # without GPU schedules (a CUDA module that also compiles for a CPU) only the sparse
         # kernels keep theirs, which their loops are written for
         self.rules = SCHEDULE_RULES[spec.family] if gpu_schedules or spec.family is not Family.CUDA \

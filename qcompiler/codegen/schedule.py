@@ -9,6 +9,7 @@ own dlight rules then schedule it)::
     sparse kernel?           -> its CPU / CUDA loop nests        (every target)
     x86, arm:                -> the hand schedule the builder named (``ctx.schedule(kind)``)
     cuda: int8 GEMM?         -> WMMA tensor cores
+          float8 GEMM?       -> float8 mma tensor cores (sm_89+)
           small window?      -> one thread per output
           otherwise          -> None: dlight's rules in tvm.compile
 """

@@ -34,6 +34,8 @@ FAMILIES = tuple(f.value for f in Family)
 LLVM_OPTIONS = ("-unroll-threshold-aggressive:uint=150",)
 DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
 FP8_FORMATS = ("e4m3", "e5m2")
+FP8_MIN_SM = 89
+"""The oldest CUDA SM with float8 tensor cores (PTX ``mma.sync...m16n8k32...e4m3/e5m2``: sm_89+)."""
 X86_LEVELS = ("znver3", "x86-64-v3", "x86-64-v4", "znver4", "icelake-server")
 """The x86 CPUs (``--cpu``) whose generated code the test suite checks on any host, one per int8
 dot-product path: an AVX2-only core and the portable AVX2 level (vpmaddwd on ymm), AVX-512
@@ -60,9 +62,6 @@ class TargetSpec:
             raise UserError(f"unknown dtype '{self.dtype}'", "--dtype", f"use one of {', '.join(DTYPES)}")
         if self.dtype == "bf16" and self.family is not Family.CUDA:
             raise UserError("bf16 is supported on CUDA only", "--dtype", "use fp16 or fp32 on CPU targets")
-        if self.dtype == "fp8" and self.family is Family.CUDA:
-            raise UserError("fp8 builds x86 and arm artifacts (float8 storage, float32 arithmetic); CUDA's fp8 "
-                            "tensor cores are not lowered yet", "--dtype", "use --target x86|arm, or --dtype int8/fp16")
         if self.fp8_format not in FP8_FORMATS:
             raise UserError(f"unknown fp8 format '{self.fp8_format}'", "--fp8-format", f"use one of {', '.join(FP8_FORMATS)}")
         if self.float_dtype not in ("fp32", "fp16"):
@@ -70,6 +69,12 @@ class TargetSpec:
         for a in self.arch:
             if not (a.startswith("sm_") and a[3:].isdigit()):
                 raise UserError(f"bad CUDA arch '{a}'", "--arch", "write it like sm_87 or sm_90")
+        if self.dtype == "fp8" and self.family is Family.CUDA:
+            old = [a for a in self.arch if int(a[3:]) < FP8_MIN_SM]
+            if old:
+                raise UserError(f"--dtype fp8 on cuda runs on float8 tensor cores (mma .e4m3/.e5m2), which {old[0]} "
+                                f"lacks", "--arch", f"use sm_{FP8_MIN_SM} or newer (sm_89 Ada, sm_90 Hopper), or "
+                                "--dtype int8/fp16 for older GPUs")
 
     @property
     def host_tvm(self) -> dict:

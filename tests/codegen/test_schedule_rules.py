@@ -49,7 +49,7 @@ def test_first_rule_that_applies_wins():
 def test_rule_tables():
     names = {f: [r.name for r in rules] for f, rules in SCHEDULE_RULES.items()}
     assert names == {Family.X86: ["sparse", "hand"], Family.ARM: ["sparse", "hand"],
-                     Family.CUDA: ["sparse", "wmma-int8", "direct"]}
+                     Family.CUDA: ["sparse", "wmma-int8", "mma-fp8", "direct"]}
     assert arm_rules.RULES is x86_rules.RULES
     assert Lowering(Graph("g"), TargetSpec("cuda"), gpu_schedules=False).rules == cuda_rules.BY_CONSTRUCTION
     assert Lowering(Graph("g"), TargetSpec("x86", cpu="znver3"), gpu_schedules=False).rules == x86_rules.RULES

@@ -1,5 +1,5 @@
-"""CUDA: ahead-of-time device code (nvcc, the driver stub), the int8 tensor-core and direct
-schedules, and the CUDA-only int8 kernels (s8 x s8 GEMMs).
+"""CUDA: ahead-of-time device code (nvcc, the driver stub), the int8 and float8 tensor-core and
+direct schedules, and the CUDA-only int8 kernels (s8 x s8 GEMMs) and float8 ones (float8 GEMMs).
 
 How :mod:`qcompiler.codegen.lower` lowers for CUDA: no blocked layouts (vector width 1, so NCHW1c == plain NCHW), except, opt-in, the int8 convs'
 activations: ``QC_CUDA_INT8_LAYOUT=blocked|blocked-copy`` stores them NCHW16c so the implicit
@@ -25,5 +25,12 @@ with dlight's threshold: layer 1's J = 64 and layer 4's I = 49 missed it); fp16 
 the sm_90 int8 artifacts of ResNet-18 and MobileNetV2 (batch 1, 2026-11-24), of single convs
 and depthwise convs, and of fashion_mobilenet (2026-11-23, before the direct schedule) are
 bit-exact with qcompiler.quant.reference;
-on CPU the CUDA int8 computes equal the x86 int8 build (tests/codegen/test_cuda_build.py). ``--dtype bf16`` (CUDA only) is the fp16 scheme with bfloat16 storage (see :mod:`qcompiler.codegen.lower`, Precision).
+on CPU the CUDA int8 computes equal the x86 int8 build (tests/codegen/test_cuda_build.py).
+``--dtype fp8`` (sm_89+; an older ``--arch`` is refused): group-1 float8 convs and gemms of at least
+one m16n8k32 (I >= 16, J >= 8, K >= 32) are float8 GEMMs (:mod:`.fp8`: the stored bytes
+reinterpreted as float8) on TVM's float8 ``mma`` intrinsic, ``mma.sync.aligned.m16n8k32.row.col.f32.
+e4m3.e4m3.f32`` (or e5m2) in the PTX, float32 accumulators, the epilogue fused (:mod:`.mma`); the
+rest -- depthwise convs, K < 32 -- the CPUs' direct float8-storage kernels. Built and checked on the
+CPU only (tests/codegen/test_cuda_fp8.py), not yet run or timed on a GPU.
+``--dtype bf16`` (CUDA only) is the fp16 scheme with bfloat16 storage (see :mod:`qcompiler.codegen.lower`, Precision).
 """

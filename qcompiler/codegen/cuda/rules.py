@@ -6,6 +6,7 @@ binds them to GPU threads.
   X stage and epilogue ("xcol", "out") get one thread per element.
 * ``wmma-int8``: int8 implicit GEMMs on tensor cores (:mod:`.wmma`; dlight's own int8 rule does
   not build in TVM 0.27).
+* ``mma-fp8``: float8 implicit GEMMs on float8 tensor cores, sm_89+ (:mod:`.mma`).
 * ``direct``: reductions over a small window (depthwise convs, pooling), one thread per output
   (:mod:`.direct`).
 
@@ -21,7 +22,7 @@ import tvm
 from ..kernels.sparse import CUDA_THREADS
 from ..schedule import Kernel, Rule, sparse_stages
 from ..target import TargetSpec
-from . import direct, wmma
+from . import direct, mma, wmma
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,10 +48,14 @@ def _wmma_int8(k: Kernel, spec: TargetSpec):
     return wmma.schedule_int8(k.func, _target(spec), k.params.get("fetch_vector", 4))
 
 
+def _mma_fp8(k: Kernel, spec: TargetSpec):
+    return mma.schedule_fp8(k.func, _target(spec), k.params.get("fetch", (4, 4)))
+
+
 def _direct(k: Kernel, spec: TargetSpec):
     return direct.schedule(k.func, _target(spec))
 
 
 SPARSE = Rule("sparse", _sparse)
-RULES = (SPARSE, Rule("wmma-int8", _wmma_int8), Rule("direct", _direct))
+RULES = (SPARSE, Rule("wmma-int8", _wmma_int8), Rule("mma-fp8", _mma_fp8), Rule("direct", _direct))
 BY_CONSTRUCTION = (SPARSE,)

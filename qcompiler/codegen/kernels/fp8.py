@@ -112,7 +112,7 @@ class Decoded(LTensor):
         return decode(self.x.at(idx), self.storage)
 
 
-def _weight_bits(ctx, i: int) -> tuple[np.ndarray, str]:
+def weight_bits(ctx, i: int) -> tuple[np.ndarray, str]:
     """Operand ``i`` (a constant float8 weight) as its uint8 bits, and its storage dtype."""
     v = ctx.op.operands[i]
     if not v.is_const:
@@ -123,7 +123,7 @@ def _weight_bits(ctx, i: int) -> tuple[np.ndarray, str]:
     return data.view(np.uint8), v.dtype
 
 
-def _epilogue(ctx, a, out, acc_at, channels: int) -> Lazy:
+def epilogue(ctx, a, out, acc_at, channels: int) -> Lazy:
     """``clamp(acc * f32(s_x s_w[c]) + b[c])`` over the float32 accumulator (channel on axis 1)."""
     ops = ctx.op.operands
     sx = np.float32(ops[0].type.quant.scale[0])
@@ -148,12 +148,12 @@ def qconv2d(ctx, a, ins, outs):
     x = ins[0]
     if x.rank != 4:
         raise NotImplementedError("QLinearConv needs a 2-D image input")
-    wbits, wdt = _weight_bits(ctx, 1)
+    wbits, wdt = weight_bits(ctx, 1)
     out_shape = outs[0].shape
     acc, bo = conv2d_accumulate(ctx, a, Decoded(x, ctx.op.operands[0].dtype), wbits, out_shape,
                                 lambda p, q: p * decode(q, wdt, nan=False), fill=0.0, name="f8w")
     accb = Buf(acc, out_shape, F32, bo)
-    return [_epilogue(ctx, a, outs[0], accb.at, wbits.shape[0])]
+    return [epilogue(ctx, a, outs[0], accb.at, wbits.shape[0])]
 
 
 def qgemm(ctx, a, ins, outs):
@@ -161,11 +161,11 @@ def qgemm(ctx, a, ins, outs):
     decoded at load."""
     from .linalg import _dense
     A = ins[0]
-    wbits, wdt = _weight_bits(ctx, 1)
+    wbits, wdt = weight_bits(ctx, 1)
     m, n = outs[0].shape
     acc = _dense(ctx, Decoded(A, ctx.op.operands[0].dtype), wbits.shape[1], np.ascontiguousarray(wbits.T),
                  outs[0].shape, load=lambda q: decode(q, wdt, nan=False))
-    return [_epilogue(ctx, a, outs[0], acc.at, n)]
+    return [epilogue(ctx, a, outs[0], acc.at, n)]
 
 
 def _scales(ctx, qp, rank: int):

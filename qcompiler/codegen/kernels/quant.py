@@ -22,7 +22,8 @@ same hand schedules (``conv2d``, ``depthwise``, ``pool``, ``dense``) register-bl
 the int32 accumulators over output channels. On x86 with AVX2 or VNNI, QLinearConv (depthwise
 excepted) and QLinearGemm accumulate on dot-product instructions instead (:mod:`.qdot`); the
 zero-point fold then uses the zero point of the operand as that kernel stores it. The
-target-only accumulators live with their target: CUDA's s8 x s8 GEMMs in :mod:`..cuda.int8`, x86's
+target-only accumulators live with their target: CUDA's s8 x s8 GEMMs in :mod:`..cuda.int8` (and
+float8 GEMMs in :mod:`..cuda.fp8`), x86's
 int32 squeeze-excite multiply in :mod:`..x86.se_mul`.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ...ir.ops import REGISTRY
 from ...ir.types import INT_RANGES, TensorType, is_fp8
 from ...ir.types import quantize as np_quantize
 from ...quant.requant import activation_clamp
+from ..cuda import fp8 as cuda_fp8
 from ..cuda import int8 as cuda_int8
 from ..x86 import qwinograd, se_mul
 from . import elementwise as kelem
@@ -71,7 +73,7 @@ def qconv2d(ctx, a, ins, outs):
     on x86 the float32 kernel, exact while max|x|·Σ|w| < 2^24 (:func:`.conv.depthwise_int_exact_f32`);
     else the blocked conv with int16 products."""
     if is_fp8(ctx.op.operands[0].dtype):
-        return kfp8.qconv2d(ctx, a, ins, outs)
+        return (_is_cuda(ctx) and cuda_fp8.qconv2d(ctx, a, ins, outs)) or kfp8.qconv2d(ctx, a, ins, outs)
     x = ins[0]
     w = ctx.const_data(1)
     if w is None or x.rank != 4:
@@ -117,7 +119,7 @@ def _hardswish_on_float_acc(ctx, a, out, w: np.ndarray, bias, z: int, acc_f) -> 
 # ---- QLinearGemm ----------------------------------------------------------------------------------
 def qgemm(ctx, a, ins, outs):
     if is_fp8(ctx.op.operands[0].dtype):
-        return kfp8.qgemm(ctx, a, ins, outs)
+        return (_is_cuda(ctx) and cuda_fp8.qgemm(ctx, a, ins, outs)) or kfp8.qgemm(ctx, a, ins, outs)
     A = ins[0]
     w = ctx.const_data(1)                       # N x K
     if w is None:
