@@ -129,7 +129,7 @@ from ..quant.gptq import GptqRounding, WeightRounding
 from ..quant.observers import Method
 from ._common import pass_options
 from .manager import PassContext, register_pass
-from .quantize_bias import bias_correction_helps, layer_input_means
+from .quantize_bias import choose_corrections, layer_input_means
 from .quantize_plan import CONVS, GEMMS, QUANT_KINDS, activation_qparams, plan, prepare
 from .quantize_rewrite import Rewriter
 
@@ -241,19 +241,11 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         float_outputs = list(pre["float_outputs"])
     else:
         means = layer_input_means(graph, pl, opts, float_outputs)
-    if means:
-        keep, with_db, without_db = bias_correction_helps(ctx.data["quantize.float_graph"], opts, ranges, means,
-                                                           float_outputs, rounding=rounding)
-        info["bias_correction"] = {"applied": keep, "calibration_sqnr_db": {"with": round(with_db, 3),
-                                                                             "without": round(without_db, 3)}}
-        if not keep:
-            means = {}
+    means, rounding, checked = choose_corrections(ctx.data["quantize.float_graph"], opts, ranges, means,
+                                                  float_outputs, rounding)
+    info.update(checked)
     rw = Rewriter(graph, pl, P, ranges, opts, means, rounding=rounding)
     rw.run()
-    if rounding is not None:
-        chosen = [v["rounding"]["rounding"] for v in rw.layers.values() if "rounding" in v]
-        info["weight_rounding"] = {"method": "gptq", "layers": len(chosen),
-                                   "gptq": chosen.count("gptq"), "nearest": chosen.count("nearest")}
     per = "per channel" if opts.per_channel else "per tensor"
     scheme = {"activations": f"{opts.activation_dtype} "
                              f"{'symmetric' if opts.symmetric_activations else 'asymmetric'} per tensor",

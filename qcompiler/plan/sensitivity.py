@@ -175,17 +175,14 @@ class Sensitivity:
         self._weights: dict = {}                    # the integer weights per (layer, params): Rewriter's cache
         self.calib_run: dict | None = None          # the float run over the calibration data, for the pass
         self.rounding = gptq_rounding(self.graph, plan, opts)    # --weight-rounding gptq: its Gram matrices
-        if self.rounding is not None:
-            self.calib_run = {"calib": opts.calib, "means": {}, "float_outputs": [], "rounding": self.rounding}
-        if opts.bias_correction and opts.calib is not None:
-            float_outputs: list = []
-            means = quantize_bias.layer_input_means(self.graph, plan, opts, float_outputs)
+        float_outputs: list = []
+        means = quantize_bias.layer_input_means(self.graph, plan, opts, float_outputs) \
+            if opts.bias_correction and opts.calib is not None else {}
+        if means or self.rounding is not None:
             self.calib_run = {"calib": opts.calib, "means": means, "float_outputs": float_outputs,
                               "rounding": self.rounding}
-            if means:
-                keep, *_ = quantize_bias.bias_correction_helps(self.graph, replace(opts, ranges=self.ranges), self.ranges, means,
-                                                    float_outputs, rounding=self.rounding)
-                self.means = means if keep else {}
+            self.means, self.rounding, _ = quantize_bias.choose_corrections(
+                self.graph, replace(opts, ranges=self.ranges), self.ranges, means, float_outputs, self.rounding)
         self.bias_correction = bool(self.means)
         g, layers = self.quantized(frozenset())
         self._base = (_signatures(g), [reference.run_values(g, feed) for feed, _ in data]) if exact else ({}, [])

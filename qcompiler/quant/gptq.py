@@ -170,7 +170,8 @@ class CalibGram:
         self.rows += rows.shape[1]
 
 
-def choose_rounding(w: np.ndarray, gram: CalibGram, rounder: Rounder, **gptq_opts) -> tuple[np.ndarray, dict]:
+def choose_rounding(w: np.ndarray, gram: CalibGram, rounder: Rounder, halves: list | None = None,
+                    **gptq_opts) -> tuple[np.ndarray, dict]:
     """GPTQ's rounding of ``w [g, N, K]`` from the whole Gram matrix, or round-to-nearest's where
     GPTQ does not generalise: two-fold cross-validation on the calibration feeds, GPTQ fitted on one
     half's Gram matrix and its output error measured on the other's (both ways), against
@@ -178,10 +179,14 @@ def choose_rounding(w: np.ndarray, gram: CalibGram, rounder: Rounder, **gptq_opt
     for error in those it does not; where a layer sees fewer independent rows than it has inputs
     (a squeeze-excite or classifier layer: one row per sample) the held-out half shows those
     directions and the choice falls on round-to-nearest. Returns ``(ŵ, info)``: ``ŵ`` on the
-    grid in real units, ``info`` the choice and the held-out error relative to round-to-nearest's."""
+    grid in real units, ``info`` the choice and the held-out error relative to round-to-nearest's. ``halves``, a list,
+    receives the weights fitted on each half alone (round-to-nearest's where that is the choice),
+    for a held-out check of the whole model (:class:`GptqRounding` ``fitted_on``)."""
     w = np.asarray(w, np.float64)
     rtn = nearest(w, rounder)
     info: dict = {"rounding": "nearest", "rows": gram.rows}
+    if halves is not None:
+        halves[:] = [rtn, rtn]
     if gram.units < 2:
         return rtn, {**info, "reason": "one calibration feed: nothing to check GPTQ on"}
     h0, h1 = gram.halves
@@ -193,6 +198,8 @@ def choose_rounding(w: np.ndarray, gram: CalibGram, rounder: Rounder, **gptq_opt
     info["heldout_error_ratio"] = round(ratio, 4)
     if ratio >= 1.0:
         return rtn, info
+    if halves is not None:
+        halves[:] = [w0, w1]
     w_hat, _ = gptq_round(w, gram.h, rounder, **gptq_opts)
     return w_hat, {**info, "rounding": "gptq"}
 
@@ -270,6 +277,20 @@ class GptqRounding:
     def collect(cls, graph: Graph, calib: Iterable, layers: list[Op]) -> "GptqRounding":
         return cls(layer_grams(graph, calib, layers) if layers else {})
 
+    def choices(self) -> dict[str, str]:
+        """Layer name -> "gptq" or "nearest": the choice of each layer rounded so far."""
+        return {name: info["rounding"] for (name, _), (_, info, _) in self._done.items()}
+
+    def fitted_on(self, half: int) -> "GptqRounding":
+        """The same rounding with each layer's weights fitted on the calibration feeds of one half
+        alone (even-numbered feeds: 0, odd: 1; round-to-nearest's where that is the layer's choice):
+        run on the other half's feeds, the whole model's error with GPTQ as on data it did not see."""
+        view = GptqRounding(self.grams)
+        view._done, view._half = self._done, half
+        return view
+
+    _half: int | None = None
+
     def weights(self, op: Op, w: np.ndarray, wqp) -> tuple[np.ndarray | None, dict]:
         """``w`` (float32, output channels first: a conv's ``[N, C/g, kh, kw]``, a gemm's ``N x K``)
         rounded onto the grid of ``wqp`` (int8 symmetric or float8, per channel or per tensor), as
@@ -290,6 +311,9 @@ class GptqRounding:
             else:
                 lo, hi = INT_RANGES[wqp.storage]
                 rounder = integer_grid(s, max(lo, -hi), hi)          # symmetric: -127..127
-            w_hat, info = choose_rounding(wm, gram, rounder)
-            self._done[key] = (w_hat.reshape(w.shape).astype(np.float32), info)
-        return self._done[key]
+            halves: list = []
+            w_hat, info = choose_rounding(wm, gram, rounder, halves)
+            self._done[key] = (w_hat.reshape(w.shape).astype(np.float32), info,
+                               [h.reshape(w.shape).astype(np.float32) for h in halves])
+        w_hat, info, halves = self._done[key]
+        return (w_hat if self._half is None else halves[self._half]), info

@@ -70,7 +70,10 @@ def test_gptq_moves_integers_on_nearests_grid(builds):
         moved = np.count_nonzero(q != wn[n].data)
         assert (moved > 0) == (n in chosen), (n, moved)
     scheme = gptq.meta["quant"]["scheme"]["weight_rounding"]
-    assert scheme == {"method": "gptq", "layers": len(wg), "gptq": len(chosen), "nearest": len(wg) - len(chosen)}
+    db = scheme.pop("calibration_sqnr_db")
+    assert scheme == {"method": "gptq", "applied": True, "layers": len(wg), "gptq": len(chosen),
+                      "nearest": len(wg) - len(chosen)}
+    assert db["gptq"] > db["nearest"], db          # kept because the calibration outputs say so
     assert "weight_rounding" not in nearest.meta["quant"]["scheme"]
 
 
@@ -97,6 +100,33 @@ def test_chosen_layers_have_less_output_error_on_held_back_images(builds):
             err[k] += rounding_loss(w.reshape(h.shape[0], -1, h.shape[-1]), w_hat.reshape(h.shape[0], -1, h.shape[-1]),
                                     h, 0.0).sum()
     assert err["gptq"] <= 0.75 * err["nearest"], err
+
+
+def test_gptq_is_dropped_where_the_whole_model_loses_by_it():
+    """uspsnet on 32 MNIST digits resized to 16x16: every layer passes its own held-out check, but
+    the whole model, each calibration digit run with the weights GPTQ fitted on the other half,
+    is worse with GPTQ (measured 41.75 against 43.16 dB): the build keeps round-to-nearest's
+    integers, and says so."""
+    digits = rm._digits_resized(32, 16)
+    path = rm.MODELS_DIR / "uspsnet.onnx"
+    if digits is None or not path.exists():
+        pytest.skip("models/uspsnet.onnx or the MNIST digits not present")
+    x = ((digits - 0.2471) / 0.2994)[:, None].astype(np.float32)
+    graphs = {}
+    for rounding in ("nearest", "gptq"):
+        g = import_onnx(str(path))
+        run_passes(g)
+        calib = [{g.inputs[0].name: x[i:i + 1]} for i in range(32)]
+        PassManager("quantize", ctx=PassContext(options={"quantize": QuantizeOptions(
+            calib=calib, weight_rounding=rounding)})).run(g)
+        graphs[rounding] = g
+    scheme = graphs["gptq"].meta["quant"]["scheme"]["weight_rounding"]
+    assert scheme["applied"] is False and scheme["gptq"] >= 1, scheme
+    db = scheme["calibration_sqnr_db"]
+    assert db["nearest"] > db["gptq"] + 0.5, db
+    wn, wg = weights(graphs["nearest"]), weights(graphs["gptq"])
+    for n in wn:
+        np.testing.assert_array_equal(wg[n].data, wn[n].data, err_msg=n)
 
 
 def test_fp8_gptq_weights_are_float8_values(builds):
