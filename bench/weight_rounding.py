@@ -3,7 +3,7 @@ output SQNR of the quantized model against ONNX Runtime fp32 on held-back feeds 
 with gptq >= nearest on every trained CNN and +1 dB on average; fp8 E4M3 >= 25 dB).
 
     python bench/weight_rounding.py --models mnistnet rapidocr-cls --dtypes int8 --calib 32 --eval 16
-    python bench/weight_rounding.py --models resnet18 --dtypes fp8 --calib 16 --eval 8
+    python bench/weight_rounding.py --models resnet18 --dtypes fp8 --calib 16 --eval 8 --ceiling
 
 Each build runs the compile driver's passes (what ``qcompile M.onnx --dtype D --calib C
 [--weight-rounding gptq]`` runs: x86 defaults, per-channel weights, empirical bias correction where
@@ -12,7 +12,9 @@ it helps) on the ``--calib`` feeds (``m.feeds(n, seed=0)``), and the quantized g
 one step at a rounding tie; :func:`qcompiler.passes.quantize_bias.variant_runner`); SQNR = 10
 log10(Σ ref² / Σ (ref - ours)²) over every output element of every feed, ref = ONNX Runtime fp32 on
 the model as given. No artifact is built (the kernels are checked against the same graph by
-``qcompile verify`` and the test suite). One JSON line per build on stderr, the table on stdout.
+``qcompile verify`` and the test suite). ``--ceiling``: also the float graph with only the conv/gemm
+inputs rounded on the build's own params (weights float), the most any weight rounding reaches.
+One JSON line per build on stderr, the table on stdout.
 """
 from __future__ import annotations
 
@@ -70,8 +72,9 @@ def get(name: str):
     return zoo.get(name)
 
 
-def quantized_graph(m, dtype: str, npz: Path, rounding: str):
-    """The graph the driver's passes make of ``m`` (``dtype`` int8 or fp8[-e5m2]) and the pass log."""
+def quantized_graph(m, dtype: str, npz: Path, rounding: str, float_graph: list | None = None):
+    """The graph the driver's passes make of ``m`` (``dtype`` int8 or fp8[-e5m2]); ``float_graph``
+    receives the float graph the quantize pass started from."""
     from qcompiler.driver import CalibSource, load_model, run_pipeline
     from qcompiler.driver.options import WeightRounding
     base, _, fmt = dtype.partition("-")
@@ -82,11 +85,30 @@ def quantized_graph(m, dtype: str, npz: Path, rounding: str):
     calib = CalibSource.open(opts.calib, g.inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_pipeline(g, opts, lambda msg: None, calib=calib)
+        pm = run_pipeline(g, opts, lambda msg: None, calib=calib)
+    if float_graph is not None:
+        float_graph.append(pm.ctx.data["quantize.float_graph"])
     return g
 
 
-def measure(name: str, dtypes: list[str], n_calib: int, n_eval: int, out: Path) -> dict:
+def activations_only(g, float_graph):
+    """``float_graph`` with only the inputs of the convs/gemms ``g`` quantized rounded, on ``g``'s
+    own params (a QuantizeLinear/DequantizeLinear pair before each), weights and biases float: the
+    most any weight rounding can reach."""
+    f = float_graph.clone()
+    params = {op.name: op.operands[0].type.quant for op in g.ops if op.kind in ("QLinearConv", "QLinearGemm")}
+    for i, op in enumerate(list(f.ops)):
+        if op.name not in params:
+            continue
+        x = op.operands[0]
+        q = f.create_op("QuantizeLinear", [x], result_types=[x.type.with_quant(params[op.name])],
+                        name=f"ceiling_q{i}", result_names=[f"ceiling_q{i}"], before=op).result
+        op.set_operand(0, f.create_op("DequantizeLinear", [q], name=f"ceiling_dq{i}", result_names=[f"ceiling_dq{i}"],
+                                      before=op).result)
+    return f
+
+
+def measure(name: str, dtypes: list[str], n_calib: int, n_eval: int, out: Path, ceiling: bool = False) -> dict:
     from qcompiler.passes.quantize_bias import variant_runner
     m = get(name)
     calib, evals = m.feeds(n_calib, seed=0), m.feeds(n_eval, seed=1)
@@ -96,7 +118,8 @@ def measure(name: str, dtypes: list[str], n_calib: int, n_eval: int, out: Path) 
     for d in dtypes:
         for r in ROUNDINGS:
             t = time.perf_counter()
-            g = quantized_graph(m, d, npz, r)
+            fg: list = []
+            g = quantized_graph(m, d, npz, r, fg)
             build_s = time.perf_counter() - t
             names = [v.name for v in g.inputs]
             got = variant_runner(g)([{k: f[k] for k in names} for f in evals])
@@ -105,6 +128,9 @@ def measure(name: str, dtypes: list[str], n_calib: int, n_eval: int, out: Path) 
                    "passes_s": round(build_s, 1),
                    "bias_correction": scheme.get("bias_correction", {}).get("applied"),
                    **({"layers": scheme["weight_rounding"]} if "weight_rounding" in scheme else {})}
+            if ceiling and r == "nearest":
+                got = variant_runner(activations_only(g, fg[0]))([{k: f[k] for k in names} for f in evals])
+                res["activations_only_db"] = round(float(sqnr_db(flat, [o for y in got for o in y])), 2)
             row[f"{d}/{r}"] = res
             print(json.dumps({"model": name, f"{d}/{r}": res}), file=sys.stderr, flush=True)
     return row
@@ -116,12 +142,14 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="int8")
     p.add_argument("--calib", type=int, default=32)
     p.add_argument("--eval", type=int, default=16)
+    p.add_argument("--ceiling", action="store_true",
+                   help="also the activations-only SQNR: only the conv/gemm inputs rounded (weights float)")
     a = p.parse_args(argv)
     dtypes = a.dtypes.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models:
-            rows.append(measure(name, dtypes, a.calib, a.eval, Path(tmp)))
+            rows.append(measure(name, dtypes, a.calib, a.eval, Path(tmp), a.ceiling))
     cols = [f"{d}/{r}" for d in dtypes for r in ROUNDINGS]
     print(f"\noutput SQNR vs ONNX Runtime fp32, dB ({a.calib} calibration / {a.eval} held-back feeds); "
           "gptq: layers GPTQ / all")
@@ -133,7 +161,9 @@ def main(argv=None) -> int:
             lay = v.get("layers")
             cells.append(f"{v['sqnr_db']:.2f}" + (f" ({lay['gptq']}/{lay['layers']})" if lay else ""))
         gains = [row[f"{d}/gptq"]["sqnr_db"] - row[f"{d}/nearest"]["sqnr_db"] for d in dtypes]
-        print(f"{row['model']:<18}" + "".join(f"{c:>18}" for c in cells) + "".join(f"{x:>+12.2f}" for x in gains))
+        ceil = "".join(f"  {d} activations only {row[f'{d}/nearest']['activations_only_db']:.2f}" for d in dtypes
+                       if "activations_only_db" in row[f"{d}/nearest"])
+        print(f"{row['model']:<18}" + "".join(f"{c:>18}" for c in cells) + "".join(f"{x:>+12.2f}" for x in gains) + ceil)
     for d in dtypes:
         gains = [r[f"{d}/gptq"]["sqnr_db"] - r[f"{d}/nearest"]["sqnr_db"] for r in rows]
         print(f"{d}: mean gain {sum(gains) / len(gains):+.2f} dB, worst {min(gains):+.2f} dB over {len(gains)} models")
