@@ -93,6 +93,16 @@ CLI_CASES = {   # argv (MODEL and TMP substituted) -> what the message must say
                                            "-o", "TMP/a"], "--smooth-quant observes the activations"),
     "unknown granularity": (["MODEL", "--dtype", "int8", "--activations", "dynamic", "--dynamic-granularity",
                              "channel", "-o", "TMP/a"], "invalid choice: 'channel'"),
+    "gptq without calib": (["MODEL", "--dtype", "int8", "--weight-rounding", "gptq", "-o", "TMP/a"],
+                           "--weight-rounding gptq fits the rounding to calibration data, and none is given"),
+    "gptq on random calib": (["MODEL", "--dtype", "int8", "--calib", "random", "--weight-rounding", "gptq", "-o",
+                              "TMP/a"], "--calib random is not representative"),
+    "gptq on a float build": (["MODEL", "--calib", "random", "--weight-rounding", "gptq", "-o", "TMP/a"],
+                              "--weight-rounding gptq rounds quantized weights, but --dtype is fp32"),
+    "gptq dynamic": (["MODEL", "--dtype", "int8", "--activations", "dynamic", "--weight-rounding", "gptq", "-o",
+                      "TMP/a"], "--weight-rounding gptq works on calibrated (static)"),
+    "unknown rounding": (["MODEL", "--dtype", "int8", "--weight-rounding", "stochastic", "-o", "TMP/a"],
+                         "invalid choice: 'stochastic'"),
 }
 
 

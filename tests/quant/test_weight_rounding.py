@@ -1,11 +1,10 @@
 """``--weight-rounding gptq`` in the quantize pass: on the trained fashion_mobilenet with its real
 test images, GPTQ's weights lie on the same grid as round-to-nearest's (same scales, the integers
 in range, only some of them moved), the layers it chose have less output error than
-round-to-nearest's on held-back images, the build records the choice, and the flags that cannot
-have it are one error line each."""
+round-to-nearest's on held-back images, and the build records the choice; GPTQ is dropped where
+the whole model loses by it (uspsnet). The flags that cannot have it: tests/test_cli.py's table."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 
 from qcompiler.api import import_onnx
-from qcompiler.cli import main
 from qcompiler.ir.types import dequantize
 from qcompiler.passes import PassContext, PassManager, run_passes
 from qcompiler.passes.quantize import QuantizeOptions
@@ -139,24 +137,3 @@ def test_fp8_gptq_weights_are_float8_values(builds):
     for c in weights(g).values():
         assert c.type.quant.storage == "float8_e4m3fn"
         assert np.all(np.isfinite(c.data.astype(np.float32)))
-
-
-BAD = {
-    "without calib": (["--dtype", "int8", "--weight-rounding", "gptq"], "--weight-rounding gptq fits the rounding"),
-    "random calib": (["--dtype", "int8", "--calib", "random", "--weight-rounding", "gptq"], "--calib random is not"),
-    "float build": (["--calib", DATA, "--weight-rounding", "gptq"], "--weight-rounding gptq rounds quantized weights"),
-    "dynamic": (["--dtype", "int8", "--activations", "dynamic", "--weight-rounding", "gptq"],
-                "--weight-rounding gptq works on calibrated (static)"),
-    "unknown": (["--dtype", "int8", "--weight-rounding", "stochastic"], "invalid choice"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_weight_rounding_flags(tmp_path, capsys, case):
-    argv, msg = BAD[case]
-    out = tmp_path / "out"
-    code = main(["compile", FASHION, "-o", str(out), "-q", *argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
-    assert not out.exists() and os.listdir(tmp_path) == []
