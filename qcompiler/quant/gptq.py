@@ -137,7 +137,8 @@ def rounding_loss(w: np.ndarray, w_hat: np.ndarray, h: np.ndarray, damp: float =
     """``(w − ŵ)(H + λI)(w − ŵ)ᵀ`` per row ``[g, N]``: the output error energy of rounding ``w`` to
     ``ŵ`` on the calibration inputs (plus the damping's share)."""
     e = np.asarray(w, np.float64) - np.asarray(w_hat, np.float64)
-    return np.einsum("gnk,gkl,gnl->gn", e, damped(h, damping(h, damp)) if damp else h, e)
+    hd = damped(h, damping(h, damp)) if damp else h
+    return ((e @ hd) * e).sum(axis=-1)       # e H eᵀ per row (a BLAS product: einsum's three-operand loop took 80 %)
 
 
 # ---- the Gram matrices of the calibration run -------------------------------------------------------
