@@ -1,0 +1,125 @@
+"""Block-wise 4-bit weight quantization (``--weights int4``): the parameters of a weight's blocks,
+and the two-per-byte packing ONNX and ONNX Runtime's ``MatMulNBits`` store.
+
+A weight ``w [N, K]`` (output channels first: a MatMul's ``Bᵀ``) is cut along K into blocks of ``B``
+(32, 64 or 128; the last block may be short); each block (row n, block j) gets a scale ``s`` and,
+asymmetric, a zero point ``z``, exactly as ONNX Runtime's ``MatMulNBitsQuantizer`` computes them
+(MLAS ``MlasQuantizeBlockwise``, float32)::
+
+    asymmetric (uint4 0..15):  lo = min(min w, 0)   hi = max(max w, 0)
+                               s = (hi − lo) / 15    z = round(−lo / s) clipped to 0..15
+    symmetric  (int4 −8..7):   m = the block's value of largest magnitude (its sign kept)
+                               s = m / −8            z = 0 (ORT: uint4 with z = 8)
+
+so the extreme value is a grid point (symmetric: −8 · s = m exactly, the scale negative where m is
+positive; the range [−8, 7] is used whole). A block of zeros gets s = 1. With float16 scales
+(``scale_dtype``) s is rounded to float16 first (a zero result becomes the smallest float16
+subnormal), and z is computed from the rounded s. The stored integers are then ONNX's
+QuantizeLinear of w with these parameters (:func:`qcompiler.ir.types.quantize`: round half to
+even of ``w / s``, plus z, saturated) -- round-to-nearest -- or GPTQ's choice on the same grid
+(:mod:`.gptq`). ONNX Runtime quantizes with ``roundf(w · (1/s)) + z``: the integers differ only
+where ``w / s`` lies within float32 rounding of a half step (tests/quant/test_int4_weights.py).
+
+Packing (:func:`pack`): along the last axis, element 2i in the low nibble of byte i, 2i+1 in the
+high nibble, a 4-bit value as its two's-complement nibble (int4) or itself (uint4); ONNX's INT4/UINT4
+tensors over the flattened tensor, ``MatMulNBits``' B ``[N, ceil(K/B), B/2]`` per block of a row.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import INT_RANGES, QuantParams, np_dtype, quantize
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+"""Block sizes the pass and the importer take (ONNX Runtime's MatMulNBits: a power of two >= 16)."""
+
+
+def block_params(w: np.ndarray, block: int, symmetric: bool, scale_dtype: str = "float32") -> QuantParams:
+    """The parameters (ONNX Runtime's rule, above) of ``w [N, K]`` in blocks of ``block`` along
+    axis 1: int4 symmetric, else uint4 with zero points."""
+    w = np.asarray(w, np.float32)
+    n, k = w.shape
+    nb = -(-k // block)
+    pad = np.zeros((n, nb * block), np.float32)
+    pad[:, :k] = w
+    blocks = pad.reshape(n, nb, block)
+    lo = np.minimum(blocks.min(axis=2), np.float32(0))
+    hi = np.maximum(blocks.max(axis=2), np.float32(0))
+    if symmetric:
+        m = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+        s = (m / np.float32(-8)).astype(np.float32)
+    else:
+        s = ((hi - lo) / np.float32(15)).astype(np.float32)
+    s = np.where(s == 0, np.float32(1), s)
+    if scale_dtype == "float16":
+        h = s.astype(np.float16)
+        tiny = np.float16(2.0 ** -24)
+        h = np.where(h == 0, np.where(s < 0, -tiny, tiny), h)
+        s = h.astype(np.float32)
+    if symmetric:
+        z = np.zeros_like(s, np.int64)
+    else:
+        z = np.clip(np.rint(-lo / s), 0, 15).astype(np.int64)
+    return QuantParams("int4" if symmetric else "uint4", s.reshape(-1), z.reshape(-1), axis=1,
+                       block_size=block, scale_dtype=scale_dtype)
+
+
+def nearest_integers(w: np.ndarray, qp: QuantParams) -> np.ndarray:
+    """Round-to-nearest: the stored integers of ``w`` (ONNX QuantizeLinear with ``qp``)."""
+    return quantize(np.asarray(w, np.float32), qp)
+
+
+def grid_integers(w_hat: np.ndarray, qp: QuantParams) -> np.ndarray:
+    """The stored integers of ``w_hat``, values already on the grid of ``qp`` (GPTQ's ``s (q - z)``,
+    float64): ``round((w_hat / s) + z)`` exactly, not through float32."""
+    s, z = qp.element_params(w_hat.shape)
+    lo, hi = INT_RANGES[qp.storage]
+    q = np.clip(np.rint(np.asarray(w_hat, np.float64) / s.astype(np.float64)) + z, lo, hi)
+    return q.astype(np_dtype(qp.storage))
+
+
+def pack(q: np.ndarray) -> np.ndarray:
+    """4-bit values (int8 -8..7 or uint8 0..15) two per byte along the last axis (odd lengths padded
+    with a zero nibble): ``[..., ceil(L/2)]`` uint8."""
+    u = (np.asarray(q).astype(np.int16) & 0xF).astype(np.uint8)
+    if u.shape[-1] % 2:
+        u = np.concatenate([u, np.zeros(u.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack(b: np.ndarray, length: int, signed: bool) -> np.ndarray:
+    """The inverse of :func:`pack`: ``[..., length]`` int8 (signed, sign-extended) or uint8."""
+    b = np.asarray(b, np.uint8)
+    u = np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[:-1] + (-1,))[..., :length]
+    return ((u.astype(np.int8) ^ 8) - 8).astype(np.int8) if signed else u.astype(np.uint8)
+
+
+def to_matmul_nbits(q: np.ndarray, qp: QuantParams) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``q [N, K]`` blocked along axis 1 as ``MatMulNBits``' (B uint8 [N, nb, B/2], scales [N·nb]
+    float32 or float16, zero points uint8 [N·ceil(nb/2)] packed or None for int4 (z = 8))."""
+    n, k = q.shape
+    blk = qp.block_size
+    nb = -(-k // blk)
+    u = q.astype(np.int16) + (8 if qp.storage == "int4" else 0)
+    full = np.zeros((n, nb * blk), np.uint8)
+    full[:, :k] = u
+    b = pack(full.reshape(n, nb, blk))
+    scales = qp.scale_array().astype(np.float16 if qp.scale_dtype == "float16" else np.float32)
+    zp = None if qp.storage == "int4" else pack(np.asarray(qp.zero_point, np.uint8).reshape(n, nb)).reshape(-1)
+    return b, scales, zp
+
+
+def from_matmul_nbits(b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, n: int, k: int,
+                      block: int) -> tuple[np.ndarray, QuantParams]:
+    """``MatMulNBits``' 4-bit B, scales and zero points (packed uint8, or absent: 8) as ``(q [N, K],
+    QuantParams)``: uint4 with zero points, or int4 (``q − 8``) where every zero point is 8."""
+    nb = -(-k // block)
+    u = unpack(np.asarray(b, np.uint8).reshape(n, nb, -1), block, signed=False).reshape(n, nb * block)[:, :k]
+    z = np.full((n, nb), 8, np.int64) if zp is None else \
+        unpack(np.asarray(zp, np.uint8).reshape(n, -1), nb, signed=False).astype(np.int64)
+    sd = "float16" if np.asarray(scales).dtype == np.float16 else "float32"
+    s = np.asarray(scales, np.float32).reshape(-1)
+    if np.all(z == 8):
+        return (u.astype(np.int16) - 8).astype(np.int8), QuantParams("int4", s, np.zeros(s.size, np.int64), axis=1,
+                                                                   block_size=block, scale_dtype=sd)
+    return u, QuantParams("uint4", s, z.reshape(-1), axis=1, block_size=block, scale_dtype=sd)
