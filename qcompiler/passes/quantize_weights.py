@@ -22,9 +22,8 @@ float op                                               becomes
 =====================================================  ==============================================
 MatMul(a, B) of a float32 ``a [..., K]`` and a         MatMulNBits(a, w_q) : float32 ``[..., N]``
 constant ``B [K, N]``
-Gemm/FusedGemm(a, B[, C]) (transA 0, a 2-D)            MatMulNBits(a, w_q[, c]), a FusedGemm's
-                                                       activation after it (C broadcast to N: a
-                                                       bias; any other C: an Add)
+Gemm/FusedGemm(a, B[, C]) (transA 0, a 2-D, C of 1     MatMulNBits(a, w_q[, c]), a FusedGemm's
+or N elements)                                         activation after it
 Gather(T, idx) (axis 0) of a constant table            GatherBlockQuantized(t_q, idx): rows
 ``T [V, D]`` (``embeddings``)                          dequantized, blocks along D
 =====================================================  ==============================================
@@ -129,6 +128,8 @@ def why_float(op: Op, opts: QuantizeWeightsOptions) -> str | None:
         return "a residual operand"
     if len(ops) == 3 and not ops[2].is_const:
         return "the bias is not constant"
+    if len(ops) == 3 and ops[2].data.size not in (1, op.result.shape[-1]):
+        return "the bias does not broadcast along the output channels only"
     return None
 
 
