@@ -189,7 +189,7 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
             calib = calib or CalibSource.open(c, graph.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
             ctx.options["prune-reconstruct"] = PruneReconstructOptions(prune=prune_opts, calib=calib.reconstruction())
     if "quantize-weights" in pipeline:
-        gptq = c.weight_rounding is WeightRounding.GPTQ
+        gptq = c.weight_rounding == WeightRounding.GPTQ
         if gptq:
             calib = calib or CalibSource.open(c, graph.inputs)
         ctx.options["quantize-weights"] = QuantizeWeightsOptions(

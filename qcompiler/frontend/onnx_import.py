@@ -37,7 +37,7 @@ def dtype_name(code: int) -> str:
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, live_nodes, load_model, node_inputs, node_label
-from . import onnx_control, onnx_ops, onnx_qdq, onnx_qlinear, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
+from . import onnx_control, onnx_nbits, onnx_ops, onnx_qdq, onnx_qlinear, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
 from .onnx_control import bind_inputs
 from .onnx_registry import CONVERTERS
 

@@ -15,11 +15,18 @@ zero points in its :class:`~qcompiler.ir.types.QuantParams`) instead of ORT's th
 Importing :mod:`qcompiler.ir` registers them. The reference (:mod:`qcompiler.quant.reference`)
 dequantizes ŵ and sums in float64, rounding once to float32; the kernels sum in float32 in their own
 order (within ``K · 2^-24 · Σ_k |a ŵ|`` of it).
+
+Packing (:func:`pack`), ONNX's and ONNX Runtime's: along the last axis, element 2i in the low nibble
+of byte i, 2i+1 in the high nibble, a 4-bit value as its two's-complement nibble (int4) or itself
+(uint4); ONNX's INT4/UINT4 tensors over the flattened tensor, ``MatMulNBits``' B ``[N, ceil(K/B),
+B/2]`` per block of a row (:func:`to_matmul_nbits`, :func:`from_matmul_nbits`).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .ops import InferError, register_op
-from .types import TensorType
+from .types import QuantParams, TensorType
 
 WEIGHT_STORAGE = ("int4", "uint4", "int8", "uint8")
 
@@ -55,3 +62,51 @@ register_op("MatMulNBits", _matmul_nbits, num_operands=(2, 3),
             doc="float32 a [..., K] times the dequantized blocked 4-bit weight w [N, K] transposed, plus bias")
 register_op("GatherBlockQuantized", _gather_block_quantized, {"gather_axis": 0}, (2, 2),
             doc="rows of a blocked 4-bit table [V, D], dequantized to float32")
+
+
+# ---- packing ---------------------------------------------------------------------------------------
+def pack(q: np.ndarray) -> np.ndarray:
+    """4-bit values (int8 -8..7 or uint8 0..15) two per byte along the last axis (odd lengths padded
+    with a zero nibble): ``[..., ceil(L/2)]`` uint8."""
+    u = (np.asarray(q).astype(np.int16) & 0xF).astype(np.uint8)
+    if u.shape[-1] % 2:
+        u = np.concatenate([u, np.zeros(u.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack(b: np.ndarray, length: int, signed: bool) -> np.ndarray:
+    """The inverse of :func:`pack`: ``[..., length]`` int8 (signed, sign-extended) or uint8."""
+    b = np.asarray(b, np.uint8)
+    u = np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[:-1] + (-1,))[..., :length]
+    return ((u.astype(np.int8) ^ 8) - 8).astype(np.int8) if signed else u.astype(np.uint8)
+
+
+def to_matmul_nbits(q: np.ndarray, qp: QuantParams) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``q [N, K]`` blocked along axis 1 as ``MatMulNBits``' (B uint8 [N, nb, B/2], scales [N·nb]
+    float32 or float16, zero points uint8 [N·ceil(nb/2)] packed or None for int4 (z = 8))."""
+    n, k = q.shape
+    blk = qp.block_size
+    nb = -(-k // blk)
+    u = q.astype(np.int16) + (8 if qp.storage == "int4" else 0)
+    full = np.zeros((n, nb * blk), np.uint8)
+    full[:, :k] = u
+    b = pack(full.reshape(n, nb, blk))
+    scales = qp.scale_array().astype(np.float16 if qp.scale_dtype == "float16" else np.float32)
+    zp = None if qp.storage == "int4" else pack(np.asarray(qp.zero_point, np.uint8).reshape(n, nb)).reshape(-1)
+    return b, scales, zp
+
+
+def from_matmul_nbits(b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, n: int, k: int,
+                      block: int) -> tuple[np.ndarray, QuantParams]:
+    """``MatMulNBits``' 4-bit B, scales and zero points (packed uint8, or absent: 8) as ``(q [N, K],
+    QuantParams)``: uint4 with zero points, or int4 (``q − 8``) where every zero point is 8."""
+    nb = -(-k // block)
+    u = unpack(np.asarray(b, np.uint8).reshape(n, nb, -1), block, signed=False).reshape(n, nb * block)[:, :k]
+    z = np.full((n, nb), 8, np.int64) if zp is None else \
+        unpack(np.asarray(zp, np.uint8).reshape(n, -1), nb, signed=False).astype(np.int64)
+    sd = "float16" if np.asarray(scales).dtype == np.float16 else "float32"
+    s = np.asarray(scales, np.float32).reshape(-1)
+    if np.all(z == 8):
+        return (u.astype(np.int16) - 8).astype(np.int8), QuantParams("int4", s, np.zeros(s.size, np.int64), axis=1,
+                                                                   block_size=block, scale_dtype=sd)
+    return u, QuantParams("uint4", s, z.reshape(-1), axis=1, block_size=block, scale_dtype=sd)

@@ -10,8 +10,8 @@ import pytest
 from qcompiler.ir import Graph, InferError, QuantParams, TensorType, parse_graph, print_graph
 from qcompiler.ir.types import dequantize, quantize
 from qcompiler.quant import reference
-from qcompiler.quant.blockwise import (block_params, from_matmul_nbits, nearest_integers, pack, to_matmul_nbits,
-                                       unpack)
+from qcompiler.ir.nbits_ops import from_matmul_nbits, pack, to_matmul_nbits, unpack
+from qcompiler.quant.blockwise import block_params, nearest_integers
 
 TEXT = """graph @g(%x: tensor<2x40xf32>, %ids: tensor<3xi64>) {
   %w = const dense<[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 15, 15, 15, 15, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8]> : tensor<2x40x!quant.uniform<u4:f32:{1:16}, {0.5:8, 0.25:0, 2:15, 0.125:3, 1:1, 4:7}>>

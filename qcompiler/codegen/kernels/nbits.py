@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from ...quant.blockwise import pack
+from ...ir.nbits_ops import pack
 from ..target import Family
 from .conv import pick_block
 from .linalg import ROW_TILE, _padded
