@@ -5,6 +5,7 @@ cosine >= 0.98 with GPTQ, latency <= 1.0x ORT's MatMulNBits).
 
     python bench/int4_weights.py                                   # blocks of 32 (fp16 scales), 32, 64, 128
     python bench/int4_weights.py --configs 32:fp16 --sentences 64 --calib 32 --rounds 5
+    python bench/int4_weights.py --configs 32:fp16 --conv-models fashion_mobilenet,resnet18 --rounds 0
 
 Per configuration (``B[:fp16][:sym]``: block size, float16 scales, symmetric int4; default uint4
 with zero points and float32 scales, ONNX Runtime's defaults) two builds (what ``qcompile M.onnx
@@ -19,6 +20,11 @@ Sizes: model.so bytes over our fp32 build's model.so, and the constants (params)
 their fp32 bytes. Latency: one call on the first sentence, batch 1, both engines on ``--threads``
 threads, medians of ``--iters`` calls per round, interleaved for ``--rounds`` rounds (the median
 of the rounds); on a shared machine these are indicative only.
+
+``--conv-models``: the first configuration on conv models (their convs with >= 16 input channels a
+group, and their Gemms, 4-bit; depthwise and first convs float), output SQNR against ONNX Runtime
+fp32 and top-1 agreement with it on ``--conv-eval`` feeds of seed 1, GPTQ on ``--conv-calib`` of seed
+0 (fashion_mobilenet: its own test images, bench/weight_rounding.py's ProjectModel).
 """
 from __future__ import annotations
 
@@ -78,6 +84,30 @@ def ort_nbits(m, path: Path, cfg: dict) -> Path:
     return path
 
 
+def conv_rows(models: list[str], cfg: dict, n_calib: int, n_eval: int, tmp: Path) -> list[tuple]:
+    """(model, rounding, SQNR dB, top-1 agreement, so/fp32, params/fp32) per conv model and rounding."""
+    from weight_rounding import get
+    from zoo.harness import build
+    from zoo.loader import sqnr_db
+    rows = []
+    for name in models:
+        m = get(name)
+        cal, ev = m.feeds(n_calib, seed=0), m.feeds(n_eval, seed=1)
+        ort = zoo.ort_session(m.path(), 2)
+        ref = [ort.run(None, m.ort_feeds(f))[0] for f in ev]
+        fp32 = build(m, "fp32", tmp / f"{name}_fp32")
+        so32 = (fp32.out / "model.so").stat().st_size
+        npz = save_calib(cal, tmp / f"{name}_calib.npz")
+        for rounding in ("nearest", "gptq"):
+            b = build_ours(m, tmp / f"{name}_{rounding}", cfg, rounding, npz)
+            got = [b(f)[0] for f in ev]
+            agree = float(np.mean([np.argmax(r) == np.argmax(g) for r, g in zip(ref, got)]))
+            rows.append((name, rounding, sqnr_db(ref, got), agree,
+                         (b.out / "model.so").stat().st_size / so32, b.params["params_bytes"] / b.params["params_fp32_bytes"]))
+            print(f"# built {name} {rounding} in {b.seconds:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="32:fp16,32,64,128")
@@ -86,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--conv-models", default="")
+    ap.add_argument("--conv-calib", type=int, default=16)
+    ap.add_argument("--conv-eval", type=int, default=64)
     a = ap.parse_args(argv)
     m = zoo.get("all-minilm-l6-v2")
     texts = sentences(a.sentences + a.calib, seed=0)
@@ -115,24 +148,33 @@ def main(argv=None) -> int:
                 print(f"# built {cfg['name']} {rounding} in {b.seconds:.0f} s", file=sys.stderr, flush=True)
                 if rounding == "gptq":
                     calls[f"{cfg['name']} ours"] = _call(b, ev[0])
+        convs = conv_rows([c for c in a.conv_models.split(",") if c], parse_config(a.configs.split(",")[0]),
+                          a.conv_calib, a.conv_eval, tmp) if a.conv_models else []
         for _ in range(a.rounds):                           # interleaved: every engine once per round
             for name, fn in calls.items():
                 for _ in range(3):
                     fn()
                 times.setdefault(name, []).append(median_ms(fn, a.iters))
     ms = {k: float(np.median(v)) for k, v in times.items()}
+    lat = f"ORT fp32 {ms['ORT fp32']:.2f} ms, ours fp32 {ms['ours fp32']:.2f} ms; " if ms else ""
     print(f"# all-MiniLM-L6-v2, {len(ev)} sentences (GPTQ calibrated on {len(cal)} others), batch 1 x 128 tokens, "
-          f"{a.threads} threads; ORT fp32 {ms['ORT fp32']:.2f} ms, ours fp32 {ms['ours fp32']:.2f} ms; "
-          f"our fp32 model.so {so32 / 2**20:.1f} MiB")
+          f"{a.threads} threads; {lat}our fp32 model.so {so32 / 2**20:.1f} MiB")
     print(f"{'config':<8} {'build':<16} {'cos min':>8} {'cos mean':>9} {'so/fp32':>8} {'params/fp32':>11} {'build s':>8}")
     for cfg, name, e, so, par, secs in rows:
         cos = np.sum(e * ref, axis=1)
         tail = f"{so:8.3f} {par:11.3f} {secs:8.0f}" if so is not None else f"{'':>8} {'':>11} {'':>8}"
         print(f"{cfg:<8} {name:<16} {cos.min():8.4f} {cos.mean():9.4f} {tail}")
-    print(f"{'config':<8} {'ours (gptq) ms':>15} {'ORT MatMulNBits ms':>19} {'ratio':>6}")
-    for cfg in map(parse_config, [c for c in a.configs.split(",") if c]):
-        o, r = ms[f"{cfg['name']} ours"], ms[f"{cfg['name']} ORT"]
-        print(f"{cfg['name']:<8} {o:15.2f} {r:19.2f} {o / r:6.2f}")
+    if a.rounds:
+        print(f"{'config':<8} {'ours (gptq) ms':>15} {'ORT MatMulNBits ms':>19} {'ratio':>6}")
+        for cfg in map(parse_config, [c for c in a.configs.split(",") if c]):
+            o, r = ms[f"{cfg['name']} ours"], ms[f"{cfg['name']} ORT"]
+            print(f"{cfg['name']:<8} {o:15.2f} {r:19.2f} {o / r:6.2f}")
+    if convs:
+        print(f"# conv models, {a.configs.split(',')[0]}: output SQNR vs ORT fp32 and top-1 agreement on {a.conv_eval} "
+              f"feeds (GPTQ calibrated on {a.conv_calib} others)")
+        print(f"{'model':<18} {'rounding':<8} {'SQNR dB':>8} {'top-1 agree':>11} {'so/fp32':>8} {'params/fp32':>11}")
+        for name, rnd, sq, agree, so, par in convs:
+            print(f"{name:<18} {rnd:<8} {sq:8.2f} {agree:11.3f} {so:8.3f} {par:11.3f}")
     return 0
 
 

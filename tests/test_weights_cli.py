@@ -46,8 +46,8 @@ def test_bad_weights_flags(tmp_path, capsys, case):
 
 
 def test_compile_int4_weights(tmp_path):
-    """fashion_mobilenet's classifier Gemm (its only linear layer) 4-bit, the convs float: the
-    artifact runs, and the report's parameter bytes count the packed weight."""
+    """fashion_mobilenet: its pointwise convs and classifier Gemm 4-bit, its depthwise and first
+    convs float (one input channel a group): the artifact runs, the report records each layer."""
     out = tmp_path / "fm4"
     assert main(["compile", FASHION, "--weights", "int4", "--weight-block", "32", "-o", str(out), "-q"]) == 0
     rep = json.loads((out / "report.json").read_text())
@@ -58,3 +58,6 @@ def test_compile_int4_weights(tmp_path):
     y = qc.load(out)(x[:1])[0]
     assert y.shape[-1] == 10 and np.all(np.isfinite(y))
     assert rep["weights"]["scheme"]["weights"].startswith("uint4 asymmetric, blocks of 32")
+    kinds = [v["kind"] for v in rep["weights"]["layers"].values()]
+    assert "MatMulNBits" in kinds and kinds.count("ConvNBits") >= 10
+    assert rep["size"]["params_bytes"] < 0.3 * rep["size"]["params_fp32_bytes"]

@@ -12,8 +12,8 @@ Quantization: a ``QuantizeLinear`` op takes its scale and zero point from its *r
 ``DequantizeLinear`` from its *operand* type (per-tensor, or per-axis with ``axis``). The opset is
 raised only where an op needs it: float8 QuantizeLinear/DequantizeLinear (19: their zero point
 float8e4m3fn / float8e5m2, saturating), Gelu (20), 16-bit QuantizeLinear/DequantizeLinear (21).
-The weight-only 4-bit ops export as ONNX Runtime's com.microsoft MatMulNBits and GatherBlockQuantized
-(:mod:`.onnx_nbits`). An op kind with no mapping raises :class:`ExportError` naming the op.
+The weight-only 4-bit ops export as ONNX Runtime's com.microsoft MatMulNBits and GatherBlockQuantized,
+ConvNBits as opset 21's blocked int4 DequantizeLinear and a Conv (:mod:`.onnx_nbits`). An op kind with no mapping raises :class:`ExportError` naming the op.
 """
 from __future__ import annotations
 
@@ -159,6 +159,8 @@ def required_opset(graph: Graph) -> int:
     for op in graph.ops:
         if op.kind == "Gelu":
             v = max(v, 20)
+        elif op.kind == "ConvNBits":
+            v = max(v, 21)                  # blocked 4-bit DequantizeLinear
         elif op.kind in ("QuantizeLinear", "DequantizeLinear"):
             qp = (op.result if op.kind == "QuantizeLinear" else op.operands[0]).type.quant
             storage = qp.storage if qp else None
@@ -347,7 +349,8 @@ def _scatter_nd(w, op):
 
 
 # com.microsoft weight-only 4-bit ops (their import converters live in the same module)
-from .onnx_nbits import export_gather_block_quantized, export_matmul_nbits  # noqa: E402
+from .onnx_nbits import export_conv_nbits, export_gather_block_quantized, export_matmul_nbits  # noqa: E402
 
 EXPORTERS["MatMulNBits"] = export_matmul_nbits
 EXPORTERS["GatherBlockQuantized"] = export_gather_block_quantized
+EXPORTERS["ConvNBits"] = export_conv_nbits

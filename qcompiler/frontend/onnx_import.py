@@ -83,7 +83,7 @@ def import_onnx(src: "str | os.PathLike | onnx.ModelProto",
     b.g.meta["opset"] = b.opset
     b.g.meta["producer"] = model.producer_name
     b.g.meta["producer_version"] = model.producer_version
-    if any(n.op_type in onnx_qdq.PREQUANTIZED for n in nodes):
+    if any(onnx_qdq.quantizes(n) for n in nodes):
         b.g.meta["prequantized"] = True          # the quantize pass refuses it (see onnx_qdq)
     b.g.verify()
     _check_sizes(b.g, where)

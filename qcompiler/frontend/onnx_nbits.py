@@ -127,3 +127,20 @@ def export_gather_block_quantized(w, op) -> None:
     elif any(qp.zero_point):
         raise ValueError("an int4 table with non-zero zero points")      # the pass never makes one
     w.node(op, ins, {"gather_axis": 0, "quantize_axis": 1, "bits": 4, "block_size": qp.block_size}, domain=MICROSOFT)
+
+
+def export_conv_nbits(w, op) -> None:
+    """ConvNBits as ONNX opset 21: DequantizeLinear(w INT4/UINT4, scale, zero point; axis 1,
+    block_size) -> Conv (float16 scales written as float32, so the Conv stays float32)."""
+    x, wq = op.operands[0], op.operands[1]
+    qp = wq.type.quant
+    signed = qp.storage == "int4"
+    sh = qp.scale_shape(wq.shape)
+    ins = [_raw(w, op, wq.data, signed, wq.name), w.const(qp.scale_array().reshape(sh), f"{wq.name}/scale")]
+    if not signed:
+        ins.append(_raw(w, op, np.asarray(qp.zero_point, np.uint8).reshape(sh), False, f"{wq.name}/zero_point"))
+    deq = w.fresh(f"{wq.name}/dequantized")
+    w.node(op, ins, {"axis": 1, "block_size": qp.block_size}, op_type="DequantizeLinear", outputs=[deq],
+           name=f"{op.name}/dequantize")
+    a = {k: op.attrs.get(k) for k in ("strides", "dilations", "pads", "group")}
+    w.node(op, [x.name, deq] + [v.name for v in op.operands[2:]], a, op_type="Conv")

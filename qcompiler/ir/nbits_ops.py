@@ -12,6 +12,11 @@ zero points in its :class:`~qcompiler.ir.types.QuantParams`) instead of ORT's th
     GatherBlockQuantized(w, idx)   w [V, D] blocked along axis 1; idx integer [...]
         y[..., d] = ŵ[idx[...], d]                              float32 [..., D]
 
+    ConvNBits(x, w[, bias])     x float32 NCHW; w [O, C/g, kh, kw] blocked along axis 1 (the input
+                                channels of each tap: scales [O, ceil(C/g/B), kh, kw], ONNX opset 21's
+                                blocked DequantizeLinear of a conv weight); Conv's attributes
+        y = Conv(x, ŵ, bias)                                    float32
+
 Importing :mod:`qcompiler.ir` registers them. The reference (:mod:`qcompiler.quant.reference`)
 dequantizes ŵ and sums in float64, rounding once to float32; the kernels sum in float32 in their own
 order (within ``K · 2^-24 · Σ_k |a ŵ|`` of it).
@@ -25,16 +30,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import InferError, register_op
+from .ops import InferError, _conv, register_op
 from .types import QuantParams, TensorType
 
 WEIGHT_STORAGE = ("int4", "uint4", "int8", "uint8")
 
 
-def _blocked_weight(kind: str, w: TensorType, what: str = "weight") -> None:
+def _blocked_weight(kind: str, w: TensorType, what: str = "weight", rank: int = 2) -> None:
     q = w.quant
-    if q is None or w.rank != 2 or q.storage not in WEIGHT_STORAGE or not q.blocked or q.axis % 2 != 1:
-        raise InferError(f"{kind} {what} must be a 2-D int4/uint4 (or 8-bit) tensor quantized in blocks along "
+    if q is None or w.rank != rank or q.storage not in WEIGHT_STORAGE or not q.blocked or q.axis % rank != 1:
+        raise InferError(f"{kind} {what} must be a {rank}-D int4/uint4 (or 8-bit) tensor quantized in blocks along "
                          f"axis 1, got {w}")
 
 
@@ -58,10 +63,22 @@ def _gather_block_quantized(ts, a):
     return [TensorType(idx.shape + (W.shape[1],), "float32")]
 
 
+def _conv_nbits(ts, a):
+    X, W = ts[0], ts[1]
+    _blocked_weight("ConvNBits", W, rank=4)
+    if X.quant is not None or X.dtype != "float32" or X.rank != 4:
+        raise InferError(f"ConvNBits needs a float32 NCHW input, got {X}")
+    if len(ts) == 3 and (ts[2].quant is not None or ts[2].dtype != "float32"):
+        raise InferError(f"ConvNBits bias must be float32, got {ts[2]}")
+    return _conv([X, TensorType(W.shape, "float32"), *ts[2:]], a)
+
+
 register_op("MatMulNBits", _matmul_nbits, num_operands=(2, 3),
             doc="float32 a [..., K] times the dequantized blocked 4-bit weight w [N, K] transposed, plus bias")
 register_op("GatherBlockQuantized", _gather_block_quantized, {"gather_axis": 0}, (2, 2),
             doc="rows of a blocked 4-bit table [V, D], dequantized to float32")
+register_op("ConvNBits", _conv_nbits, {"strides": None, "dilations": None, "pads": None, "group": 1}, (2, 3),
+            doc="float32 2-D convolution by the dequantized 4-bit weight [O, C/g, kh, kw] (blocks along C)")
 
 
 # ---- packing ---------------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ Gemm/FusedGemm(a, B[, C]) (transA 0, a 2-D, C of 1     MatMulNBits(a, w_q[, c]),
 or N elements)                                         activation after it
 Gather(T, idx) (axis 0) of a constant table            GatherBlockQuantized(t_q, idx): rows
 ``T [V, D]`` (``embeddings``)                          dequantized, blocks along D
+Conv/FusedConv(x, W[, b[, Z]]) of a constant ``W [O,   ConvNBits(x, w_q[, b]) (blocks along C of each
+C/g, kh, kw]`` with C/g >= 16 (``convs``)             tap: scales [O, ceil(C/g/B), kh, kw], ONNX's
+                                                       blocked DequantizeLinear of axis 1), then
+                                                       the FusedConv's residual Add and activation
 =====================================================  ==============================================
 
 The ops' semantics: :mod:`qcompiler.ir.nbits_ops`. What was done per layer is recorded in
@@ -70,6 +74,10 @@ from .manager import PassContext, register_pass
 from .quantize_plan import gemm_weight_bias
 
 GEMMS = ("MatMul", "Gemm", "FusedGemm")
+CONVS = ("Conv", "FusedConv")
+MIN_CONV_CHANNELS = 16
+"""Convs with fewer input channels per group stay float (a depthwise conv's one, a first conv's 1-3:
+a scale every few weights, and little weight to save)."""
 SCALE_DTYPES = ("float32", "float16")
 
 
@@ -82,6 +90,7 @@ class QuantizeWeightsOptions:
     rounding: WeightRounding = WeightRounding.NEAREST   # gptq: error-compensating, needs calib
     calib: Any = None                        # calibration feeds (a quant.data.Dataset or a list of feeds)
     embeddings: bool = True                  # also Gather tables (a transformer's word embeddings)
+    convs: bool = True                       # also Conv/FusedConv weights (blocks along the input channels)
     keep_float: frozenset = frozenset()      # op names or kinds left float
 
     def __post_init__(self):
@@ -117,6 +126,16 @@ def why_float(op: Op, opts: QuantizeWeightsOptions) -> str | None:
         return None
     if not _float_activation(ops[0]):
         return "input is not a float32 activation"
+    if op.kind in CONVS:
+        if not opts.convs:
+            return "convs left float"
+        if not ops[1].is_const or ops[1].dtype != "float32" or ops[1].type.rank != 4 or ops[0].type.rank != 4:
+            return "not a 2-D conv by a constant float32 weight"
+        if ops[1].shape[1] < MIN_CONV_CHANNELS:
+            return f"{ops[1].shape[1]} input channels per group (fewer than {MIN_CONV_CHANNELS})"
+        if len(ops) >= 3 and not ops[2].is_const:
+            return "the bias is not constant"
+        return None
     if not ops[1].is_const or ops[1].dtype != "float32" or ops[1].type.rank != 2:
         return "weight is not a constant float32 matrix"
     if op.kind == "MatMul":
@@ -143,11 +162,12 @@ def _quantized(w: np.ndarray, op: Op, opts: QuantizeWeightsOptions, rounding: Gp
     return nearest_integers(w, qp), qp, {"rounding": "nearest"}
 
 
-def _replace(graph: Graph, op: Op, kind: str, operands: list, after_fn=None) -> Op:
+def _replace(graph: Graph, op: Op, kind: str, operands: list, after_fn=None, attrs: dict | None = None) -> Op:
     """``kind(operands)`` in place of ``op``, keeping its name and its result's name (``after_fn``:
     ops applied to the new result before it replaces the old one)."""
     name, out = op.name, op.result
-    new = graph.create_op(kind, operands, {}, name=name + "_nbits", result_names=[out.name + "_nbits"], before=op)
+    new = graph.create_op(kind, operands, attrs or {}, name=name + "_nbits", result_names=[out.name + "_nbits"],
+                          before=op)
     res = new.result if after_fn is None else after_fn(new)
     out_name = out.name
     out.replace_all_uses_with(res)
@@ -175,6 +195,27 @@ def _rewrite_gemm(graph: Graph, op: Op, opts, rounding) -> tuple[Op, dict]:
                                after=new).result
     new = _replace(graph, op, "MatMulNBits", operands, after)
     return new, {**info, "n": int(w.shape[0]), "k": int(w.shape[1])}
+
+
+def _rewrite_conv(graph: Graph, op: Op, opts, rounding) -> tuple[Op, dict]:
+    w = op.operands[1].data.astype(np.float32)
+    q, qp, info = _quantized(w, op, opts, rounding)
+    a = {**REGISTRY[op.kind].defaults, **op.attrs}
+    operands = [op.operands[0], graph.add_const(q, op.operands[1].name + "_q", quant=qp)]
+    if len(op.operands) >= 3:
+        operands.append(graph.add_const(op.operands[2].data.astype(np.float32), op.operands[2].name + "_f"))
+    act = a.get("activation", "") if op.kind == "FusedConv" else ""
+
+    def after(new: Op):
+        v = new.result
+        if len(op.operands) == 4:                    # FusedConv's residual Z, then its activation
+            v = graph.create_op("Add", [v, op.operands[3]], name=op.name + "_add", after=new).result
+        if act:
+            v = make_activation(graph, act, a.get("activation_params") or [], v, name=op.name + "_" + act.lower(),
+                                after=v.producer).result
+        return v
+    new = _replace(graph, op, "ConvNBits", operands, after, {k: a[k] for k in ("strides", "dilations", "pads", "group")})
+    return new, {**info, "n": int(w.shape[0]), "k": int(np.prod(w.shape[1:]))}
 
 
 def _rewrite_gather(graph: Graph, op: Op, opts) -> tuple[Op, dict]:
@@ -206,17 +247,18 @@ def quantize_weights(graph: Graph, ctx: PassContext) -> bool:
     layers: dict[str, dict] = {}
     todo = []
     for op in graph.ops:
-        if op.kind not in GEMMS + ("Gather",):
+        if op.kind not in GEMMS + CONVS + ("Gather",):
             continue
         why = why_float(op, opts)
         if why is None:
             todo.append(op)
         elif op.kind != "Gather" or op.operands[0].is_const:
             layers[op.name] = {"kind": op.kind, "precision": "float", "reason": why}
-    rounding = gptq_rounding(graph, [op for op in todo if op.kind in GEMMS], opts)
+    rounding = gptq_rounding(graph, [op for op in todo if op.kind in GEMMS + CONVS], opts)
     for op in todo:
         kind = op.kind
-        new, info = _rewrite_gather(graph, op, opts) if kind == "Gather" else _rewrite_gemm(graph, op, opts, rounding)
+        new, info = (_rewrite_gather(graph, op, opts) if kind == "Gather" else
+                     _rewrite_conv(graph, op, opts, rounding) if kind in CONVS else _rewrite_gemm(graph, op, opts, rounding))
         t = new.operands[0 if kind == "Gather" else 1].type
         layers[new.name] = {"kind": new.kind, "from": kind, "precision": t.dtype, "block_size": opts.block_size,
                             "bytes": t.stored_bytes,

@@ -35,8 +35,18 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 def block_params(w: np.ndarray, block: int, symmetric: bool, scale_dtype: str = "float32") -> QuantParams:
     """The parameters (ONNX Runtime's rule, above) of ``w [N, K]`` in blocks of ``block`` along
-    axis 1: int4 symmetric, else uint4 with zero points."""
+    axis 1: int4 symmetric, else uint4 with zero points. A conv weight ``[O, C, kh, kw]`` is blocked
+    along axis 1 too (the input channels of each tap: scales ``[O, ceil(C/B), kh, kw]``)."""
     w = np.asarray(w, np.float32)
+    if w.ndim > 2:
+        flat = np.moveaxis(w, 1, -1)                      # [O, kh, kw, C]: blocks along the last axis
+        qp = block_params(flat.reshape(-1, w.shape[1]), block, symmetric, scale_dtype)
+        sh = flat.shape[:-1] + (-1,)
+
+        def back(v):
+            return np.moveaxis(np.asarray(v).reshape(sh), -1, 1).reshape(-1)
+        return QuantParams(qp.storage, back(qp.scale), back(qp.zero_point), axis=1, block_size=block,
+                           scale_dtype=scale_dtype)
     n, k = w.shape
     nb = -(-k // block)
     pad = np.zeros((n, nb * block), np.float32)

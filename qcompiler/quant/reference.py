@@ -353,6 +353,16 @@ def _matmul_nbits(op, xs, a):
     return [y + xs[2].astype(np.float32) if len(xs) == 3 else y]
 
 
+@kernel("ConvNBits")
+def _conv_nbits(op, xs, a):
+    """A conv by the exactly dequantized 4-bit weight (float64 sum, one rounding)."""
+    w = dequantize(xs[1], op.operands[1].type.quant)
+    y = conv_sum(xs[0], w, a, _out_spatial(op))
+    if len(xs) == 3:
+        y = y + _channel(xs[2].astype(np.float64), y.ndim)
+    return [y.astype(np.float32)]
+
+
 @kernel("GatherBlockQuantized")
 def _gather_block_quantized(op, xs, a):
     table, idx = xs[0], xs[1].astype(np.int64)

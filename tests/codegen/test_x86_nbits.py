@@ -115,3 +115,57 @@ def test_library_holds_packed_weights(tmp_path):
     write_artifact(g, SPEC, str(tmp_path / "a"))
     so = (tmp_path / "a" / "model.so").stat().st_size
     assert so < packed + 200_000 and so < 0.18 * 4 * w.size, (so, packed, 4 * w.size)
+
+
+def conv_graph(c, o, k, *, group=1, stride=1, pad=0, blk=32, storage="uint4", scale_dtype="float32", exact=False,
+               seed=0, hw=10):
+    rng = np.random.default_rng(seed)
+    cg = c // group
+    nbc = -(-cg // blk)
+    lo, hi = (0, 15) if storage == "uint4" else (-8, 7)
+    n_s = o * nbc * k * k
+    s = 2.0 ** rng.integers(-3, 2, n_s) if exact else rng.uniform(0.005, 0.05, n_s)
+    s = s * rng.choice([-1, 1], n_s)
+    if scale_dtype == "float16":
+        s = s.astype(np.float16).astype(np.float32)
+    z = rng.integers(lo, hi + 1, n_s) if storage == "uint4" else np.zeros(n_s, int)
+    qp = QuantParams(storage, s, z, axis=1, block_size=blk, scale_dtype=scale_dtype)
+    q = rng.integers(lo, hi + 1, (o, cg, k, k)).astype(np.uint8 if storage == "uint4" else np.int8)
+    g = Graph("cnbits")
+    x = g.add_input("x", TensorType((1, c, hw, hw), "float32"))
+    b = g.add_const((rng.integers(-4, 5, o) if exact else rng.standard_normal(o)).astype(np.float32), "b")
+    y = g.create_op("ConvNBits", [x, g.add_const(q, "w", quant=qp), b],
+                    {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [1, 1], "group": group}).result
+    g.outputs = [g.create_op("Relu", [y]).result]
+    g.verify()
+    xv = (rng.integers(-3, 4, (1, c, hw, hw)) if exact else rng.standard_normal((1, c, hw, hw))).astype(np.float32)
+    return g, {"x": xv}
+
+
+CONV_CASES = {                  # C, O, k, group, stride, pad, block, storage, scale dtype
+    "3x3 pad 1": (32, 24, 3, 1, 1, 1, 32, "uint4", "float32"),
+    "1x1, 2 blocks": (64, 64, 1, 1, 1, 0, 32, "int4", "float16"),
+    "grouped, strided": (64, 32, 3, 2, 2, 1, 16, "uint4", "float32"),
+    "short block": (48, 16, 3, 1, 1, 0, 128, "int4", "float32"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_nbits_exact_sums_bit_exact(case):
+    c, o, k, grp, st, pad, blk, storage, sd = CONV_CASES[case]
+    g, feeds = conv_graph(c, o, k, group=grp, stride=st, pad=pad, blk=blk, storage=storage, scale_dtype=sd, exact=True)
+    assert np.array_equal(run_tvm(g, feeds)[0], reference.run(g, feeds)[0])
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_nbits_within_float32_sum_order(case):
+    from qcompiler.ir.windows import conv_sum
+    c, o, k, grp, st, pad, blk, storage, sd = CONV_CASES[case]
+    g, feeds = conv_graph(c, o, k, group=grp, stride=st, pad=pad, blk=blk, storage=storage, scale_dtype=sd, seed=2)
+    ours, ref = run_tvm(g, feeds)[0], reference.run(g, feeds)[0]
+    op = g.ops[0]
+    w = op.operands[1]
+    mag = conv_sum(np.abs(feeds["x"]), np.abs(dequantize(w.data, w.type.quant)), {**op.attrs}, ref.shape[2:])
+    kk = c // grp * k * k
+    bound = kk * 2.0 ** -24 * mag + 2.0 ** -24 * np.abs(ref)
+    assert np.all(np.abs(ours.astype(np.float64) - ref) <= bound), float(np.max(np.abs(ours - ref) - bound))

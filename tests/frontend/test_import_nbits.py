@@ -125,3 +125,55 @@ def _nbits_node(**attrs) -> onnx.ModelProto:
 def test_refusals(attrs, msg):
     with pytest.raises(UserError, match=msg):
         import_onnx(_nbits_node(**attrs))
+
+
+def test_opset21_blocked_dequantize_linear_matmul_imports_as_matmul_nbits():
+    """ONNX Runtime's quantizer in QDQ format writes DequantizeLinear(INT4/UINT4 B [K, N], axis 0,
+    block_size) -> MatMul: imported as MatMulNBits (B transposed), the model a float one (not
+    pre-quantized). ORT itself fuses that pair into MatMulNBits with int8 activations (accuracy level
+    4: 5.5e-4 of max|y| here), so the reference is checked against ORT without graph optimizations."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
+    for sym in (False, True):
+        cfg = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=sym, quant_format=QuantFormat.QDQ,
+                                           op_types_to_quantize=("MatMul",))
+        q = MatMulNBitsQuantizer(float_model(), block_size=32, is_symmetric=sym, quant_format=QuantFormat.QDQ,
+                                 op_types_to_quantize=("MatMul",), algo_config=cfg)
+        q.process()
+        m = q.model.model
+        assert [n.op_type for n in m.graph.node] == ["Gather", "DequantizeLinear", "MatMul", "Add"]
+        g = import_onnx(m)
+        assert "MatMulNBits" in [op.kind for op in g.ops] and not g.meta.get("prequantized")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, IDS)[0]
+        vals = reference.run_values(g, IDS)
+        w = next(op for op in g.ops if op.kind == "MatMulNBits").operands[1]
+        wd = dequantize(w.data, w.type.quant)
+        assert w.shape == (N, K) and w.type.quant.axis == 1
+        assert np.all(np.abs(vals["y"] - want) <= _bound(vals["e"], np.abs(wd), want) + 2.0 ** -23 * np.abs(want))
+
+
+def test_conv_nbits_exports_as_blocked_dequantize_linear_and_back():
+    """ConvNBits -> opset 21 DequantizeLinear(INT4/UINT4, axis 1, block_size) -> Conv: ONNX Runtime runs
+    it as the reference does; imported back, the same ConvNBits weight."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from test_x86_nbits import conv_graph
+    from qcompiler.ir.windows import conv_sum
+    for storage, sd in (("uint4", "float32"), ("int4", "float16")):
+        g, feeds = conv_graph(32, 24, 3, pad=1, blk=16, storage=storage, scale_dtype=sd, seed=4)
+        model = export_onnx(g)
+        assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "Conv", "Relu"]
+        got, ref = ort_run(model, feeds), reference.run(g, feeds)[0]
+        op = g.ops[0]
+        w = op.operands[1]
+        wd = dequantize(w.data, w.type.quant)
+        mag = conv_sum(np.abs(feeds["x"]), np.abs(wd), dict(op.attrs), ref.shape[2:])
+        assert np.all(np.abs(got - ref) <= 288 * 2.0 ** -24 * mag + 2.0 ** -23 * np.abs(ref))
+        back = import_onnx(model)
+        w2 = next(o for o in back.ops if o.kind == "ConvNBits").operands[1]
+        assert np.array_equal(dequantize(w2.data, w2.type.quant), wd) and not back.meta.get("prequantized")

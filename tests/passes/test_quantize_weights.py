@@ -131,3 +131,52 @@ def test_gptq_without_calibration_data_is_refused():
 def test_bad_options(kw, msg):
     with pytest.raises(UserError, match=msg):
         QuantizeWeightsOptions(**kw)
+
+
+CONV_BEFORE = """graph @g(%x: tensor<1x16x4x4xf32>, %r: tensor<1x1x4x4xf32>) {
+  %w = const dense<[-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]> : tensor<1x16x1x1xf32>
+  %b = const dense<[0.25]> : tensor<1xf32>
+  %y = FusedConv(%x, %w, %b, %r) {activation = "Relu", activation_params = [], dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x4x4xf32> loc("conv")
+  %d = const dense<0.5> : tensor<16x1x3x3xf32>
+  %z = Conv(%x, %d) {dilations = [1, 1], group = 16, pads = [1, 1, 1, 1], strides = [1, 1]} : tensor<1x16x4x4xf32> loc("dw")
+  return %y, %z
+}
+"""
+
+# the 1x1 conv's 16 input channels: one (short) block of 128, the module docstring's values (s = 0.1,
+# z = 3); the residual and the Relu after ConvNBits; the depthwise conv (1 input channel a group) float
+CONV_AFTER = """graph @g(%x: tensor<1x16x4x4xf32>, %r: tensor<1x1x4x4xf32>) {
+  %d = const dense<0.5> : tensor<16x1x3x3xf32>
+  %w_q = const dense<[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]> : tensor<1x16x1x1x!quant.uniform<u4:f32:{1:128}, {0.1:3}>>
+  %b_f = const dense<[0.25]> : tensor<1xf32>
+  %y_nbits = ConvNBits(%x, %w_q, %b_f) {dilations = [1, 1], group = 1, pads = [0, 0, 0, 0], strides = [1, 1]} : tensor<1x1x4x4xf32>
+  %conv_add_out = Add(%y_nbits, %r) : tensor<1x1x4x4xf32>
+  %y = Relu(%conv_add_out) : tensor<1x1x4x4xf32>
+  %z = Conv(%x, %d) {dilations = [1, 1], group = 16, pads = [1, 1, 1, 1], strides = [1, 1]} : tensor<1x16x4x4xf32>
+  return %y, %z
+}
+"""
+
+
+def test_golden_convs():
+    g = run_ir(CONV_BEFORE, "quantize-weights", PassContext())
+    assert_ir(g, CONV_AFTER)
+    layers = g.meta["weights"]["layers"]
+    assert layers["dw"]["reason"] == "1 input channels per group (fewer than 16)"
+    assert layers["conv"]["from"] == "FusedConv" and layers["conv"]["k"] == 16
+
+
+def test_conv_blocks_run_along_input_channels_of_each_tap():
+    """A 3x3 conv's weight [O, C, 3, 3] in blocks of 16 of C: scales [O, C/16, 3, 3], each the
+    ONNX Runtime rule applied to w[o, 16j:16j+16, i, k] alone."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((4, 32, 3, 3)) * 0.1).astype(np.float32)
+    g = Graph("c")
+    x = g.add_input("x", TensorType((1, 32, 6, 6), "float32"))
+    g.outputs = [g.create_op("Conv", [x, g.add_const(w, "w")], {"pads": [1, 1, 1, 1]}, name="c").result]
+    run_ir(g, "quantize-weights", _ctx(block_size=16))
+    qp = g.ops[0].operands[1].type.quant
+    s = np.asarray(qp.scale, np.float32).reshape(4, 2, 3, 3)
+    blk = w[2, 16:32, 1, 0]
+    want = (max(blk.max(), 0) - min(blk.min(), 0)) / np.float32(15)
+    assert s[2, 1, 1, 0] == np.float32(want)

@@ -53,6 +53,8 @@ def _unsigned(ctx, i: int) -> tuple[np.ndarray, object, int | None]:
     qp = v.type.quant
     if qp.storage not in ("int4", "uint4"):
         raise NotImplementedError(f"{ctx.op.kind} of {qp.storage} weights (only 4-bit ones are lowered)")
+    if len(ctx.op.operands) > 2 and not ctx.op.operands[2].is_const:
+        raise NotImplementedError(f"{ctx.op.kind} with a bias computed at run time")
     if qp.storage == "int4":
         return (v.data.astype(np.int16) + 8).astype(np.uint8), qp, 8
     return v.data.astype(np.uint8), qp, None
@@ -165,5 +167,52 @@ def gather_block_quantized(ctx, a, ins, outs):
     return [Lazy(outs[0].shape, F32, fn)]
 
 
-ANCHOR_BUILDERS = {"MatMulNBits": matmul_nbits}
+def conv_nbits(ctx, a, ins, outs):
+    """ConvNBits: the blocked float32 conv (:func:`.conv.conv2d_accumulate`, the input packed
+    NCHW{bi}c as for any conv) with the weight decoded at its load, one vector of ``bo`` output
+    channels at a time: bytes ``[K/bo, C/bi, kh, kw, bi/2, bo]`` (two input channels a byte), scales
+    and zero points (two blocks a byte) ``[K/bo, ceil(C/B), kh, kw, bo]``, invariant over the input
+    channels of a block (B a multiple of bi)."""
+    from .conv import conv2d_accumulate
+    x = ins[0]
+    u, qp, z_all = _unsigned(ctx, 1)
+    o, cg, r, sw = u.shape
+    blk = qp.block_size
+    nbc = -(-cg // blk)
+    s4 = qp.scale_array().reshape(o, nbc, r, sw)
+    z4 = np.asarray(qp.zero_point, np.uint8).reshape(o, nbc, r, sw)
+
+    def weight_at(w, bo, bi):
+        kp = w.shape[0]                                           # output channels padded by the conv
+        u6 = w.reshape(kp // bo, bo, cg // bi, bi, r, sw).transpose(0, 2, 4, 5, 3, 1)
+        wp = ctx.param(np.ascontiguousarray(np.moveaxis(pack(np.moveaxis(u6, 4, -1)), -1, 4)), "w_cnbits")
+        sp = np.zeros((kp, nbc, r, sw), np.float32)              # padded channels: scale 0, weight 0
+        sp[:o] = s4
+        scale = _scale_param(ctx, np.ascontiguousarray(sp.reshape(kp // bo, bo, nbc, r, sw).transpose(0, 2, 3, 4, 1)),
+                             qp, "s_cnbits")
+        if z_all is None:
+            zp = np.zeros((kp, nbc, r, sw), np.uint8)
+            zp[:o] = z4
+            zt = ctx.param(np.ascontiguousarray(np.moveaxis(pack(np.moveaxis(
+                zp.reshape(kp // bo, bo, nbc, r, sw).transpose(0, 2, 3, 4, 1), 1, -1)), -1, 1)), "z_cnbits")
+
+        def at(ko, ico, rh, rw, ici, ki):
+            cb = (ico * bi + ici) // blk
+            z = _i(z_all) if z_all is not None else _nibble(zt[ko, cb // 2, rh, rw, ki], (cb % 2) * 4)
+            q = _nibble(wp[ko, ico, rh, rw, ici // 2, ki], (ici % 2) * 4) - z
+            return cast(q, F32) * scale(ko, cb, rh, rw, ki)
+        return at
+
+    out_shape = outs[0].shape
+    acc, bo = conv2d_accumulate(ctx, a, x, u, out_shape, lambda p, q: cast(p, F32) * q, name="cnbits",
+                                weight_at=weight_at)
+    accb = Buf(acc, out_shape, F32, bo)
+    bias = ctx.const_data(2)
+    if bias is None:
+        return [accb]
+    bv = ctx.param(np.asarray(bias, np.float32), "cb_nbits", keep_dtype=True)
+    return [Lazy(out_shape, F32, lambda idx: accb.at(idx) + bv[idx[1]])]
+
+
+ANCHOR_BUILDERS = {"MatMulNBits": matmul_nbits, "ConvNBits": conv_nbits}
 LAZY_BUILDERS = {"GatherBlockQuantized": gather_block_quantized}
