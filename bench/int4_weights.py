@@ -108,18 +108,9 @@ def conv_rows(models: list[str], cfg: dict, n_calib: int, n_eval: int, tmp: Path
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="32:fp16,32,64,128")
-    ap.add_argument("--sentences", type=int, default=64)
-    ap.add_argument("--calib", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--conv-models", default="")
-    ap.add_argument("--conv-calib", type=int, default=16)
-    ap.add_argument("--conv-eval", type=int, default=64)
-    a = ap.parse_args(argv)
+def minilm(a, tmp: Path) -> None:
+    """The MiniLM tables: embeddings and sizes per configuration, then the interleaved latencies."""
+    from zoo.harness import build
     m = zoo.get("all-minilm-l6-v2")
     texts = sentences(a.sentences + a.calib, seed=0)
     ev, cal = feeds(texts[:a.sentences]), feeds(texts[a.sentences:])
@@ -127,34 +118,30 @@ def main(argv=None) -> int:
     ort32 = zoo.ort_session(m.path(), a.threads)
     ref = embed(np.concatenate([ort32.run(None, f)[0] for f in ev]), mask)
     rows, times = [], {}
-    with tempfile.TemporaryDirectory(prefix="int4_") as tmp:
-        tmp = Path(tmp)
-        npz = save_calib(cal, tmp / "calib.npz")
-        from zoo.harness import build
-        fp32 = build(m, "fp32", tmp / "fp32")
-        so32 = (fp32.out / "model.so").stat().st_size
-        calls = {"ORT fp32": lambda: ort32.run(None, ev[0]), "ours fp32": _call(fp32, ev[0])}
-        for cfg in map(parse_config, [c for c in a.configs.split(",") if c]):
-            ort4 = zoo.ort_session(ort_nbits(m, tmp / f"ort_{cfg['name'].replace(':', '_')}.onnx", cfg), a.threads)
-            e = embed(np.concatenate([ort4.run(None, f)[0] for f in ev]), mask)
-            rows.append((cfg["name"], "ORT MatMulNBits", e, None, None, None))
-            calls[f"{cfg['name']} ORT"] = lambda s=ort4: s.run(None, ev[0])
-            for rounding in ("nearest", "gptq"):
-                b = build_ours(m, tmp / f"{cfg['name'].replace(':', '_')}_{rounding}", cfg, rounding, npz)
-                e = embed(np.concatenate([b(f)[0] for f in ev]), mask)
-                so = (b.out / "model.so").stat().st_size
-                rows.append((cfg["name"], f"ours {rounding}", e, so / so32,
-                             b.params["params_bytes"] / b.params["params_fp32_bytes"], b.seconds))
-                print(f"# built {cfg['name']} {rounding} in {b.seconds:.0f} s", file=sys.stderr, flush=True)
-                if rounding == "gptq":
-                    calls[f"{cfg['name']} ours"] = _call(b, ev[0])
-        convs = conv_rows([c for c in a.conv_models.split(",") if c], parse_config(a.configs.split(",")[0]),
-                          a.conv_calib, a.conv_eval, tmp) if a.conv_models else []
-        for _ in range(a.rounds):                           # interleaved: every engine once per round
-            for name, fn in calls.items():
-                for _ in range(3):
-                    fn()
-                times.setdefault(name, []).append(median_ms(fn, a.iters))
+    npz = save_calib(cal, tmp / "calib.npz")
+    fp32 = build(m, "fp32", tmp / "fp32")
+    so32 = (fp32.out / "model.so").stat().st_size
+    calls = {"ORT fp32": lambda: ort32.run(None, ev[0]), "ours fp32": _call(fp32, ev[0])}
+    configs = [parse_config(c) for c in a.configs.split(",") if c]
+    for cfg in configs:
+        ort4 = zoo.ort_session(ort_nbits(m, tmp / f"ort_{cfg['name'].replace(':', '_')}.onnx", cfg), a.threads)
+        e = embed(np.concatenate([ort4.run(None, f)[0] for f in ev]), mask)
+        rows.append((cfg["name"], "ORT MatMulNBits", e, None, None, None))
+        calls[f"{cfg['name']} ORT"] = lambda s=ort4: s.run(None, ev[0])
+        for rounding in ("nearest", "gptq"):
+            b = build_ours(m, tmp / f"{cfg['name'].replace(':', '_')}_{rounding}", cfg, rounding, npz)
+            e = embed(np.concatenate([b(f)[0] for f in ev]), mask)
+            so = (b.out / "model.so").stat().st_size
+            rows.append((cfg["name"], f"ours {rounding}", e, so / so32,
+                         b.params["params_bytes"] / b.params["params_fp32_bytes"], b.seconds))
+            print(f"# built {cfg['name']} {rounding} in {b.seconds:.0f} s", file=sys.stderr, flush=True)
+            if rounding == "gptq":
+                calls[f"{cfg['name']} ours"] = _call(b, ev[0])
+    for _ in range(a.rounds):                           # interleaved: every engine once per round
+        for name, fn in calls.items():
+            for _ in range(3):
+                fn()
+            times.setdefault(name, []).append(median_ms(fn, a.iters))
     ms = {k: float(np.median(v)) for k, v in times.items()}
     lat = f"ORT fp32 {ms['ORT fp32']:.2f} ms, ours fp32 {ms['ours fp32']:.2f} ms; " if ms else ""
     print(f"# all-MiniLM-L6-v2, {len(ev)} sentences (GPTQ calibrated on {len(cal)} others), batch 1 x 128 tokens, "
@@ -164,11 +151,31 @@ def main(argv=None) -> int:
         cos = np.sum(e * ref, axis=1)
         tail = f"{so:8.3f} {par:11.3f} {secs:8.0f}" if so is not None else f"{'':>8} {'':>11} {'':>8}"
         print(f"{cfg:<8} {name:<16} {cos.min():8.4f} {cos.mean():9.4f} {tail}")
-    if a.rounds:
+    if ms:
         print(f"{'config':<8} {'ours (gptq) ms':>15} {'ORT MatMulNBits ms':>19} {'ratio':>6}")
-        for cfg in map(parse_config, [c for c in a.configs.split(",") if c]):
+        for cfg in configs:
             o, r = ms[f"{cfg['name']} ours"], ms[f"{cfg['name']} ORT"]
             print(f"{cfg['name']:<8} {o:15.2f} {r:19.2f} {o / r:6.2f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="32:fp16,32,64,128")
+    ap.add_argument("--sentences", type=int, default=64, help="MiniLM evaluation sentences (0: no MiniLM)")
+    ap.add_argument("--calib", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--conv-models", default="")
+    ap.add_argument("--conv-calib", type=int, default=16)
+    ap.add_argument("--conv-eval", type=int, default=64)
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="int4_") as tmp:
+        tmp = Path(tmp)
+        if a.sentences:
+            minilm(a, tmp)
+        convs = conv_rows([c for c in a.conv_models.split(",") if c], parse_config(a.configs.split(",")[0]),
+                          a.conv_calib, a.conv_eval, tmp) if a.conv_models else []
     if convs:
         print(f"# conv models, {a.configs.split(',')[0]}: output SQNR vs ORT fp32 and top-1 agreement on {a.conv_eval} "
               f"feeds (GPTQ calibrated on {a.conv_calib} others)")
