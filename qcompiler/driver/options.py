@@ -230,6 +230,8 @@ class CompileOptions:
                                        ("--smooth-quant", cal.smooth_quant is not None), ("--requantize", cal.requantize),
                                        ("--export-qdq", bool(self.export_qdq)), ("--debug-layers", spec.debug_layers),
                                        ("--tune", self.tune is not None), ("--rpc-tracker", self.remote is not None),
+                                       ("--weight-rounding gptq", self.weights.active
+                                        and cal.weight_rounding == WeightRounding.GPTQ),
                                        ("--min-sqnr/--max-accuracy-drop", self.budget.budget is not None))
                  if on]
         if given:
