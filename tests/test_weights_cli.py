@@ -61,3 +61,12 @@ def test_compile_int4_weights(tmp_path):
     kinds = [v["kind"] for v in rep["weights"]["layers"].values()]
     assert "MatMulNBits" in kinds and kinds.count("ConvNBits") >= 10
     assert rep["size"]["params_bytes"] < 0.3 * rep["size"]["params_fp32_bytes"]
+
+
+def test_keep_float_by_kind(tmp_path):
+    """--keep-float op:TYPE (and names) as for int8: op:Gemm leaves the classifier float."""
+    out = tmp_path / "fm4"
+    assert main(["compile", FASHION, "--weights", "int4", "--keep-float", "op:Gemm", "-o", str(out), "-q"]) == 0
+    layers = json.loads((out / "report.json").read_text())["weights"]["layers"]
+    assert [v for v in layers.values() if v["kind"] in ("Gemm", "FusedGemm")][0]["reason"] == "kept float (--keep-float)"
+    assert not any(v["kind"] == "MatMulNBits" for v in layers.values())

@@ -195,7 +195,7 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         ctx.options["quantize-weights"] = QuantizeWeightsOptions(
             block_size=w.block, symmetric=bool(w.symmetric), scale_dtype="float16" if w.scale_dtype == "fp16" else "float32",
             rounding=c.weight_rounding, calib=calib.calibration() if gptq else None,
-            keep_float=frozenset(opts.budget.keep_float))
+            keep_float=mixed.resolve_keep_float(graph, opts.budget.keep_float))     # names, op:TYPE
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
                                                        target=opts.target.family)
     b = opts.budget
