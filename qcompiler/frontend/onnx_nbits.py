@@ -85,8 +85,8 @@ def _gather_block_quantized(b, n, a):
     zp = b.need_const(n, 3, "the zero points").astype(np.int64).reshape(-1) if opt_input(n, 3) else None
     s = scales.astype(np.float32).reshape(-1)
     sd = "float16" if scales.dtype == np.float16 else "float32"
-    if zp is None:                         # ORT's default zero point: 0 for int4, 8 for uint4
-        zp = np.full(s.size, 0 if signed else 8, np.int64)
+    if zp is None:                         # ORT's default zero point: 0 (int4 and uint4 alike, measured)
+        zp = np.zeros(s.size, np.int64)
     qp = QuantParams("int4" if signed else "uint4", s, zp, axis=1, block_size=blk, scale_dtype=sd)
     table = b.g.add_const(q, n.input[0], quant=qp)
     b.emit(n, "GatherBlockQuantized", [table, b.val(n.input[1])], {"gather_axis": 0})

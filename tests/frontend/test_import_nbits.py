@@ -177,3 +177,20 @@ def test_conv_nbits_exports_as_blocked_dequantize_linear_and_back():
         back = import_onnx(model)
         w2 = next(o for o in back.ops if o.kind == "ConvNBits").operands[1]
         assert np.array_equal(dequantize(w2.data, w2.type.quant), wd) and not back.meta.get("prequantized")
+
+
+def test_gather_block_quantized_without_zero_points_is_zero_point_0():
+    """ONNX Runtime reads a UINT4 GatherBlockQuantized table without zero points as zero point 0
+    (not MatMulNBits' 8): the import follows it."""
+    q = (np.arange(32).reshape(2, 16) * 7) % 16
+    packed = (q.reshape(-1)[0::2] | (q.reshape(-1)[1::2] << 4)).astype(np.uint8)
+    data = helper.make_tensor("t", TensorProto.UINT4, [2, 16], packed.tobytes(), raw=True)
+    sc = onnx.numpy_helper.from_array(np.array([[0.5], [0.25]], np.float32), "s")
+    n = helper.make_node("GatherBlockQuantized", ["t", "i", "s"], ["y"], domain="com.microsoft", block_size=16,
+                         gather_axis=0, quantize_axis=1, bits=4)
+    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 16])], [data, sc])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    feeds = {"i": np.array([1, 0, 1])}
+    assert np.array_equal(reference.run(import_onnx(m), feeds)[0], ort_run(m, feeds))
