@@ -13,7 +13,7 @@ from .options import compile_options, model_source, remote_options
 def _runs_passes(args) -> bool:
     """inspect/convert run passes when given --passes, or a DFQ or pruning flag (then after the default ones)."""
     return args.passes not in (None, "none") or bool(args.equalize) or args.bias_correction is not None \
-        or args.sparsity is not None or args.sparsity_pattern is not None
+        or args.sparsity is not None or args.sparsity_pattern is not None or getattr(args, "weights", None) is not None
 
 
 def _fmt_bytes(n: int) -> str:

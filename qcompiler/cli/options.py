@@ -5,7 +5,7 @@ import re
 
 from ..codegen.target import TargetSpec
 from ..driver import (BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource, PipelineOptions,
-                      RemoteOptions, SparsityOptions, TuneOptions, WeightRounding)
+                      RemoteOptions, SparsityOptions, TuneOptions, WeightOptions, WeightRounding)
 from ..errors import UserError
 
 
@@ -103,6 +103,8 @@ def compile_options(args) -> CompileOptions:
         budget=BudgetOptions(tuple(args.keep_float), tuple(args.force_int8), args.min_sqnr, args.max_accuracy_drop,
                              args.sensitivity, args.sensitivity_samples, args.budget_confidence,
                              getattr(args, "layer_costs", "off")),
+        weights=WeightOptions(getattr(args, "weights", None), getattr(args, "weight_block", None),
+                              getattr(args, "weight_symmetric", None), getattr(args, "weight_scale_dtype", None)),
         sparsity=SparsityOptions(args.sparsity, args.sparsity_pattern, args.sparsity_global, tuple(args.no_prune),
                                  args.sparse_objective, getattr(args, "prune_method", None)),
         export_qdq=getattr(args, "export_qdq", None), qdq_weights=getattr(args, "qdq_weights", "int8"),

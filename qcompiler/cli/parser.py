@@ -82,6 +82,16 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
                    help="--activations dynamic: one activation scale per row/token (default) or per tensor")
     q.add_argument("--requantize", action="store_true",
                    help="a pre-quantized (QDQ) model: drop its own quantization and calibrate it afresh on --calib")
+    w = p.add_argument_group("weight-only quantization (a float --dtype)")
+    w.add_argument("--weights", default=None, choices=("int4",),
+                   help="store the MatMul/Gemm weights and embedding tables 4-bit in blocks along K, activations "
+                        "float (with --weight-rounding gptq and --calib: GPTQ's error-compensating rounding)")
+    w.add_argument("--weight-block", type=int, default=None, metavar="B",
+                   help="--weights int4: inputs per block, 32, 64 or 128 (128, as ONNX Runtime's MatMulNBits quantizer)")
+    w.add_argument("--weight-symmetric", action=argparse.BooleanOptionalAction, default=None,
+                   help="--weights int4: int4 without zero points (default: asymmetric uint4, as ONNX Runtime)")
+    w.add_argument("--weight-scale-dtype", default=None, choices=("fp32", "fp16"),
+                   help="--weights int4: the blocks' scales in fp32 (default) or fp16")
     m = p.add_argument_group("mixed precision (which layers stay float)")
     m.add_argument("--keep-float", action="append", default=[], metavar="NAME|op:TYPE",
                    help="keep this op, or every op of a type, in float (repeatable)")

@@ -30,12 +30,14 @@ from ..ir import Graph, Op, Value
 from ..ir.types import is_fp8
 from .kernels.elementwise import ELEMENTWISE as _FLOAT_ELEMENTWISE
 from .kernels.integer import ANCHOR_BUILDERS as _INTEGER_ANCHORS
+from .kernels.nbits import ANCHOR_BUILDERS as _NBITS_ANCHORS
 from .kernels.quant import ANCHORS as _QUANT_ANCHORS, ELEMENTWISE as _QUANT_ELEMENTWISE
 from .kernels.shape import VIEWS
 
 ANCHORS = frozenset({"Conv", "FusedConv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
                      "GlobalMaxPool", "Gemm", "FusedGemm", "MatMul", "Softmax", "LogSoftmax",
-                     "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) | _QUANT_ANCHORS | frozenset(_INTEGER_ANCHORS)
+                     "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) | _QUANT_ANCHORS | frozenset(_INTEGER_ANCHORS) \
+    | frozenset(_NBITS_ANCHORS)
 # elementwise ops an anchor's epilogue may absorb: quantized ones too (QLinearAdd after QLinearConv
 # is the residual add of an inverted-residual block; DequantizeLinear after QLinearGemm the logits)
 ELEMENTWISE = _FLOAT_ELEMENTWISE | _QUANT_ELEMENTWISE

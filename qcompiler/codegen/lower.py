@@ -78,7 +78,7 @@ import tvm_ffi
 from tvm import relax, te
 
 from ..ir import REGISTRY, Graph, Op, Value
-from ..ir.types import is_fp8
+from ..ir.types import INT4, is_fp8
 from ..progress import report
 from .arm import rules as arm_rules
 from .cuda import rules as cuda_rules
@@ -87,12 +87,13 @@ from .kernels import conv as kconv
 from .kernels import elementwise as kelem
 from .kernels import integer as kint
 from .kernels import linalg as klin
+from .kernels import nbits as knbits
 from .kernels import quant as kquant
 from .kernels import reduce as kred
 from .kernels import shape as kshape
 from .kernels import sparse as ksparse
 from .kernels import sparse_shared as kshared
-from .kernels.tensor import FLOATS, Buf, LTensor, materialize, phys_shape, scalar
+from .kernels.tensor import FLOATS, Buf, Lazy, LTensor, materialize, phys_shape, scalar
 from .schedule import Kernel, apply_rules
 from .target import Family, TargetSpec, vector_width
 from .x86 import rules as x86_rules
@@ -116,10 +117,11 @@ ANCHOR_BUILDERS = {
 # quantized ops (integer kernels, kernels/quant.py) and the plain ops that may take stored integers
 ANCHOR_BUILDERS.update(kquant.ANCHOR_BUILDERS)
 ANCHOR_BUILDERS.update(kint.ANCHOR_BUILDERS)          # ConvInteger, MatMulInteger (pre-quantized models)
+ANCHOR_BUILDERS.update(knbits.ANCHOR_BUILDERS)        # MatMulNBits (weight-only 4-bit)
 ANCHOR_BUILDERS["MaxPool"] = lambda c, a, i, o, f=ANCHOR_BUILDERS["MaxPool"]: kquant.maxpool(c, a, i, o, f)
 ANCHOR_BUILDERS["GlobalMaxPool"] = (lambda c, a, i, o, f=ANCHOR_BUILDERS["GlobalMaxPool"]:
                                     kquant.global_maxpool(c, a, i, o, f))
-LAZY_BUILDERS = {**kelem.BUILDERS, **kshape.BUILDERS, **kquant.LAZY_BUILDERS}
+LAZY_BUILDERS = {**kelem.BUILDERS, **kshape.BUILDERS, **kquant.LAZY_BUILDERS, **knbits.LAZY_BUILDERS}
 for _k in ("Relu", "Clip"):
     LAZY_BUILDERS[_k] = lambda c, a, i, o, f=LAZY_BUILDERS[_k]: kquant.relu_clip(c, a, i, o, f)
 LAZY_BUILDERS["Pad"] = lambda c, a, i, o, f=LAZY_BUILDERS["Pad"]: kquant.pad(c, a, i, o, f)
@@ -180,6 +182,8 @@ class KernelCtx:
 
     # -- used by the lowering ----------------------------------------------------------------------
     def operand(self, v: Value) -> LTensor:
+        if v.is_const and v.dtype in INT4:        # 4-bit weights: read packed by their kernel (kernels/nbits.py)
+            return Lazy(v.shape, v.dtype, lambda idx: _unpacked(v))
         if v.is_const:
             if v.data.size == 1 and v.data.dtype.kind in "fiub":
                 return scalar(v.data.reshape(-1)[0].item(), v.dtype, v.shape)
@@ -475,6 +479,11 @@ class Lowering:
         if tuple(s.phys) != tuple(v.shape):
             e = bb.emit(relax.op.reshape(e, v.shape))
         return e
+
+
+def _unpacked(v: Value):
+    raise LoweringError(f"%{v.name}: a 4-bit constant is read only by a kernel that unpacks it (MatMulNBits, "
+                        "GatherBlockQuantized)")
 
 
 def _read_params(params: list[tuple[te.Tensor, relax.Expr]], out: te.Tensor) -> list:

@@ -7,13 +7,13 @@ and ``qcompiler.compile`` both call.
                                                       calib=CalibOptions(source="calib.npz")))
 """
 from .options import (RANDOM, BiasCorrection, BudgetOptions, CalibOptions, CompileOptions, ModelSource,  # noqa: I001
-                      PipelineOptions, RemoteOptions, SparsityOptions, TuneOptions, WeightRounding)
+                      PipelineOptions, RemoteOptions, SparsityOptions, TuneOptions, WeightOptions, WeightRounding)
 from .calib import CalibSource
 from .compile import Artifact, check_model_path, check_output_path, compile, load_model
 from .pipeline import run_pipeline
 from .report import format_text, is_quantized
 
 __all__ = ["compile", "Artifact", "CompileOptions", "ModelSource", "PipelineOptions", "CalibOptions",
-           "BudgetOptions", "SparsityOptions", "TuneOptions", "RemoteOptions", "BiasCorrection", "WeightRounding", "RANDOM",
+           "BudgetOptions", "SparsityOptions", "TuneOptions", "WeightOptions", "RemoteOptions", "BiasCorrection", "WeightRounding", "RANDOM",
            "CalibSource", "run_pipeline", "load_model", "check_model_path", "check_output_path", "is_quantized",
            "format_text"]

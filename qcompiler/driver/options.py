@@ -111,6 +111,54 @@ class SparsityOptions:
 
 
 @dataclass(frozen=True)
+class WeightOptions:
+    """Weight-only quantization (``--weights int4``: the ``quantize-weights`` pass): linear layers'
+    weights and embedding tables stored 4-bit in blocks of ``block_size`` along K, activations in
+    the float ``--dtype``. None: not given (the defaults, ONNX Runtime's MatMulNBits quantizer's:
+    blocks of 128, asymmetric, float32 scales; set only with ``dtype``)."""
+    dtype: Literal["int4"] | None = None
+    block_size: int | None = None
+    symmetric: bool | None = None
+    scale_dtype: Literal["fp32", "fp16"] | None = None
+
+    BLOCK_DEFAULT = 128
+
+    @property
+    def active(self) -> bool:
+        return self.dtype is not None
+
+    def check(self, spec: TargetSpec, sparsity: "SparsityOptions") -> None:
+        """One UserError line for a combination the weight-only build cannot honour."""
+        from ..quant.blockwise import BLOCK_SIZES
+        if not self.active:
+            given = [f for f, v in (("--weight-block", self.block_size), ("--weight-symmetric", self.symmetric),
+                                    ("--weight-scale-dtype", self.scale_dtype)) if v is not None]
+            if given:
+                raise UserError(f"{given[0]} sets the weight-only quantization, and there is none", given[0],
+                                "add --weights int4 (with a float --dtype)")
+            return
+        if self.dtype != "int4":
+            raise UserError(f"--weights {self.dtype}: weight-only quantization stores int4", "--weights", "give --weights int4")
+        if spec.dtype in QUANTIZED_DTYPES:
+            raise UserError(f"--weights int4 keeps the activations float, but --dtype {spec.dtype} quantizes them "
+                            "(and its weights)", "--weights", "use a float --dtype (fp32 or fp16) with --weights int4, "
+                            f"or drop --weights for the {spec.dtype} build")
+        if spec.family is Family.CUDA:
+            raise UserError("--weights int4 has x86 and arm kernels only (no CUDA int4 kernels yet)", "--weights",
+                            "use --target x86 or arm, or drop --weights for a float CUDA build")
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise UserError(f"--weight-block {self.block_size}: blocks are {', '.join(map(str, BLOCK_SIZES))} inputs",
+                            "--weight-block", "give --weight-block 32, 64 or 128 (ONNX Runtime's default: 128)")
+        if sparsity.prunes:
+            raise UserError("--sparsity prunes dense weights, and --weights int4 stores them 4-bit (no sparse 4-bit "
+                            "kernels)", "--sparsity", "drop one of --sparsity and --weights")
+
+    @property
+    def block(self) -> int:
+        return self.block_size or self.BLOCK_DEFAULT
+
+
+@dataclass(frozen=True)
 class TuneOptions:
     """MetaSchedule tuning of the float kernels (x86)."""
     trials: int
@@ -133,6 +181,7 @@ class CompileOptions:
     calib: CalibOptions = field(default_factory=CalibOptions)
     budget: BudgetOptions = field(default_factory=BudgetOptions)
     sparsity: SparsityOptions = field(default_factory=SparsityOptions)
+    weights: WeightOptions = field(default_factory=WeightOptions)
     export_qdq: str | None = None            # also write the quantized model as QDQ ONNX here
     qdq_weights: Literal["int8", "uint8"] = "int8"
     tune: TuneOptions | None = None
@@ -181,6 +230,8 @@ class CompileOptions:
                                        ("--smooth-quant", cal.smooth_quant is not None), ("--requantize", cal.requantize),
                                        ("--export-qdq", bool(self.export_qdq)), ("--debug-layers", spec.debug_layers),
                                        ("--tune", self.tune is not None), ("--rpc-tracker", self.remote is not None),
+                                       ("--weight-rounding gptq", self.weights.active
+                                        and cal.weight_rounding == WeightRounding.GPTQ),
                                        ("--min-sqnr/--max-accuracy-drop", self.budget.budget is not None))
                  if on]
         if given:
@@ -217,10 +268,12 @@ class CompileOptions:
                             "--activations", "give --activations static|dynamic, --dynamic-granularity token|tensor")
         if cal.dynamic:
             self._check_dynamic()
+        self.weights.check(spec, self.sparsity)
         if cal.weight_rounding is WeightRounding.GPTQ:
-            if spec.dtype not in QUANTIZED_DTYPES:
+            if spec.dtype not in QUANTIZED_DTYPES and not self.weights.active:
                 raise UserError(f"--weight-rounding gptq rounds quantized weights, but --dtype is {spec.dtype}",
-                                "--weight-rounding", "add --dtype int8 or fp8, or drop --weight-rounding")
+                                "--weight-rounding", "add --dtype int8 or fp8, or --weights int4, or drop "
+                                "--weight-rounding")
             if cal.is_random:
                 raise UserError("--weight-rounding gptq fits the rounding to calibration data, and "
                                 + ("none is given" if cal.source is None else "--calib random is not representative"),

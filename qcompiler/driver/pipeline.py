@@ -6,7 +6,8 @@ float, then quantization and the sparse weight encoding.
 Order (each step only where the options ask for it):
 ``<passes>`` → prune (or prune-reconstruct: ``--prune-method obc``, the default with calibration
 data) → (DFQ: relu6-to-relu, equalize, absorb-bias, bias-correct) → [layer costs, sensitivity,
-mixed-precision plan] → quantize → encode-sparse.
+mixed-precision plan] → quantize → encode-sparse; ``--weights int4`` (a float ``--dtype``) appends
+``quantize-weights`` after the float passes (with ``--weight-rounding gptq`` on the calibration data).
 
 A pre-quantized model (QDQ; ``graph.meta["prequantized"]``) built as int8 runs ``fold-qdq`` in
 place of quantize, with its own scales: no DFQ, no calibration, no budget. ``--activations
@@ -25,11 +26,12 @@ from ..passes.prune import PruneOptions
 from ..passes.prune_reconstruct import PruneReconstructOptions
 from ..passes.quantize import CALIB_RUN, QuantizeOptions
 from ..passes.quantize_dynamic import QuantizeDynamicOptions
+from ..passes.quantize_weights import QuantizeWeightsOptions
 from ..passes.smooth_quant import SmoothQuantOptions
 from ..plan import mixed
 from ..plan.dfq import dfq_recipe, equalize_default
 from .calib import CalibSource
-from .options import BiasCorrection, CompileOptions, SparsityOptions
+from .options import BiasCorrection, CompileOptions, SparsityOptions, WeightRounding
 
 
 def prune_options(sp: SparsityOptions) -> PruneOptions | None:
@@ -156,6 +158,9 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         if "prune" not in pipeline and "prune-reconstruct" not in pipeline:   # the float weights, before quantize
             pipeline.insert(pipeline.index(stage) if stage else len(pipeline), prune_pass)
     quantizing = "quantize" in pipeline
+    w = opts.weights
+    if w.active and "quantize-weights" not in pipeline:     # weight-only: after the float passes
+        pipeline.append("quantize-weights")
     if (stage or prequantized or prune_opts is not None) and "encode-sparse" not in pipeline:
         pipeline.append("encode-sparse")     # last: it decides on the weights the artifact stores
     equalize = c.equalize if c.equalize is not None else quantizing and equalize_default(not c.per_tensor)
@@ -183,6 +188,14 @@ def run_pipeline(graph, opts: CompileOptions, log, *, calib: CalibSource | None 
         if prune_pass == "prune-reconstruct":
             calib = calib or CalibSource.open(c, graph.inputs, sensitivity_samples=opts.budget.sensitivity_samples)
             ctx.options["prune-reconstruct"] = PruneReconstructOptions(prune=prune_opts, calib=calib.reconstruction())
+    if "quantize-weights" in pipeline:
+        gptq = c.weight_rounding == WeightRounding.GPTQ
+        if gptq:
+            calib = calib or CalibSource.open(c, graph.inputs)
+        ctx.options["quantize-weights"] = QuantizeWeightsOptions(
+            block_size=w.block, symmetric=bool(w.symmetric), scale_dtype="float16" if w.scale_dtype == "fp16" else "float32",
+            rounding=c.weight_rounding, calib=calib.calibration() if gptq else None,
+            keep_float=mixed.resolve_keep_float(graph, opts.budget.keep_float))     # names, op:TYPE
     ctx.options["encode-sparse"] = EncodeSparseOptions(objective=opts.sparsity.objective,
                                                        target=opts.target.family)
     b = opts.budget

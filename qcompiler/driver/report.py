@@ -59,6 +59,12 @@ class ReportFiles:
                 g, dense_fp32=pm.ctx.data.get("prune.dense_graph"),
                 pruned_fp32=pm.ctx.data.get("quantize.float_graph", None if quantized else g), data=evaluation,
                 budget=opts.budget)
+        w = g.meta.get("weights")
+        if w is not None and not quantized:      # quantize-weights (--weights int4): per layer, and the bytes
+            stored = g.param_count()[1]
+            rep["weights"] = w
+            rep["size"] = {**rep["size"], "params_bytes": stored,
+                           "params_fp32_bytes": stored - w["scheme"]["bytes"] + w["scheme"]["fp32_bytes"]}
         self = cls(rep, quantized, output)
         eq = g.meta.get("equalize")
         self.extra[report.REPORT] = lambda m: report.to_json(self.full(m))

@@ -12,7 +12,8 @@ Quantization: a ``QuantizeLinear`` op takes its scale and zero point from its *r
 ``DequantizeLinear`` from its *operand* type (per-tensor, or per-axis with ``axis``). The opset is
 raised only where an op needs it: float8 QuantizeLinear/DequantizeLinear (19: their zero point
 float8e4m3fn / float8e5m2, saturating), Gelu (20), 16-bit QuantizeLinear/DequantizeLinear (21).
-An op kind with no mapping raises :class:`ExportError` naming the op.
+The weight-only 4-bit ops export as ONNX Runtime's com.microsoft MatMulNBits and GatherBlockQuantized,
+ConvNBits as opset 21's blocked int4 DequantizeLinear and a Conv (:mod:`.onnx_nbits`). An op kind with no mapping raises :class:`ExportError` naming the op.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from onnx import helper
 from ..errors import UserError
 from ..ir import Graph, Op, TensorType
 from ..ir.ops import REGISTRY
-from ..ir.types import is_fp8, np_dtype
+from ..ir.types import INT4, is_fp8, np_dtype
 
 TARGET_OPSET = 17
 
@@ -90,9 +91,11 @@ class _Writer:
         self.inits: list[tuple[str, np.ndarray]] = []
         self.taken = {v.name for v in graph.values()}
         self.opset = required_opset(graph)
+        self.raw: list[onnx.TensorProto] = []       # initializers written as protos (4-bit tensors)
+        self.domains: set[str] = set()
         used = {id(v) for op in graph.ops for v in op.operands} | {id(v) for v in graph.outputs}
         for v in graph.consts.values():
-            if id(v) in used:
+            if id(v) in used and v.dtype not in INT4:   # 4-bit weights: written by their op's exporter
                 self.inits.append((v.name, v.data))
 
     def fresh(self, hint: str) -> str:
@@ -115,18 +118,25 @@ class _Writer:
         return self.const(np.asarray(value, np_dtype(dtype)), f"{op.name}/{what}")
 
     def node(self, op: Op, inputs, attrs: dict | None = None, op_type: str | None = None,
-             outputs: list[str] | None = None, name: str | None = None) -> None:
+             outputs: list[str] | None = None, name: str | None = None, domain: str = "") -> None:
         """Write one ONNX node for ``op`` (by default: its kind, its results, its name)."""
         attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
         outputs = [r.name for r in op.results] if outputs is None else outputs
-        self.nodes.append(helper.make_node(op_type or op.kind, list(inputs), outputs, name=name or op.name, **attrs))
+        if domain:
+            self.domains.add(domain)
+        self.nodes.append(helper.make_node(op_type or op.kind, list(inputs), outputs, name=name or op.name,
+                                           domain=domain or None, **attrs))
 
     def finish(self) -> onnx.ModelProto:
         """Assemble the model in place (big initializers are copied once, not three times)."""
         g = self.g
         model = onnx.ModelProto()
         model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", self.opset)])
+        if self.raw:
+            model.ir_version = max(model.ir_version, 10)     # INT4/UINT4 tensors
         model.opset_import.add(domain="", version=self.opset)
+        for d in sorted(self.domains):
+            model.opset_import.add(domain=d, version=1)
         model.producer_name = "qcompiler"
         gr = model.graph
         gr.name = g.name
@@ -139,6 +149,7 @@ class _Writer:
             t = gr.initializer.add(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype))
             t.dims.extend(a.shape)
             t.raw_data = np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
+        gr.initializer.extend(self.raw)
         return model
 
 
@@ -148,6 +159,8 @@ def required_opset(graph: Graph) -> int:
     for op in graph.ops:
         if op.kind == "Gelu":
             v = max(v, 20)
+        elif op.kind == "ConvNBits":
+            v = max(v, 21)                  # blocked 4-bit DequantizeLinear
         elif op.kind in ("QuantizeLinear", "DequantizeLinear"):
             qp = (op.result if op.kind == "QuantizeLinear" else op.operands[0]).type.quant
             storage = qp.storage if qp else None
@@ -333,3 +346,11 @@ def _logic(w, op):
 @exporter("ScatterND")
 def _scatter_nd(w, op):
     w.node(op, _names(op))          # reduction "none" only (the IR rejects the others)
+
+
+# com.microsoft weight-only 4-bit ops (their import converters live in the same module)
+from .onnx_nbits import export_conv_nbits, export_gather_block_quantized, export_matmul_nbits  # noqa: E402
+
+EXPORTERS["MatMulNBits"] = export_matmul_nbits
+EXPORTERS["GatherBlockQuantized"] = export_gather_block_quantized
+EXPORTERS["ConvNBits"] = export_conv_nbits

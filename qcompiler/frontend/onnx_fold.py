@@ -312,8 +312,11 @@ def eval_ort(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], opset: 
     outs = [o for n in nodes for o in n.output if o]
     graph = helper.make_graph(list(nodes), "fold", [], [onnx.ValueInfoProto(name=o) for o in outs], inits)
     opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, 1) for d in sorted({n.domain for n in nodes} - {"", "ai.onnx"})]
     model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = helper.find_min_ir_version_for(opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets[:1])
+    if any(t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) for t in inits):
+        model.ir_version = max(model.ir_version, 10)         # a 4-bit table folded (GatherBlockQuantized)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
         types = {v.name: v for v in inferred.graph.value_info}

@@ -37,7 +37,7 @@ def dtype_name(code: int) -> str:
 from ..ir.types import DTYPES, TensorType
 from .onnx_fold import NO_FOLD, constant_value, eval_numpy, eval_ort, node_attrs
 from .onnx_load import check_graph, default_opset, live_nodes, load_model, node_inputs, node_label
-from . import onnx_control, onnx_ops, onnx_qdq, onnx_qlinear, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
+from . import onnx_control, onnx_nbits, onnx_ops, onnx_qdq, onnx_qlinear, onnx_rnn, onnx_shape_ops  # noqa: F401  (register their converters)
 from .onnx_control import bind_inputs
 from .onnx_registry import CONVERTERS
 
@@ -83,7 +83,7 @@ def import_onnx(src: "str | os.PathLike | onnx.ModelProto",
     b.g.meta["opset"] = b.opset
     b.g.meta["producer"] = model.producer_name
     b.g.meta["producer_version"] = model.producer_version
-    if any(n.op_type in onnx_qdq.PREQUANTIZED for n in nodes):
+    if any(onnx_qdq.quantizes(n) for n in nodes):
         b.g.meta["prequantized"] = True          # the quantize pass refuses it (see onnx_qdq)
     b.g.verify()
     _check_sizes(b.g, where)

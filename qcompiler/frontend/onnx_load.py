@@ -18,9 +18,10 @@ from ..errors import UserError
 
 MICROSOFT_OPS = frozenset({"QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSigmoid",
                            "QLinearLeakyRelu", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul",
-                           "DynamicQuantizeLSTM"})
+                           "DynamicQuantizeLSTM", "MatMulNBits", "GatherBlockQuantized"})
 """The com.microsoft operators the importer takes, ONNX Runtime's quantized ops
-(:mod:`.onnx_qlinear`; DynamicQuantizeLSTM in :mod:`.onnx_rnn`); every other operator must be ai.onnx."""
+(:mod:`.onnx_qlinear`; DynamicQuantizeLSTM in :mod:`.onnx_rnn`; the weight-only 4-bit ones in
+:mod:`.onnx_nbits`); every other operator must be ai.onnx."""
 
 MIN_OPSET, MAX_OPSET = 11, 21
 _UPGRADE = ("re-export the model with opset >= 11, e.g. torch.onnx.export(..., opset_version=13), "

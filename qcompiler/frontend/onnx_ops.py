@@ -21,8 +21,8 @@ import math
 import numpy as np
 from onnx import helper
 
-from ..ir.types import DTYPES
-from .onnx_registry import checked_axis, converter, only_first_output, opt_input
+from ..ir.types import DTYPES, QuantParams
+from .onnx_registry import blocked_weight, checked_axis, converter, only_first_output, opt_input
 
 # ---- elementwise ------------------------------------------------------------------------------
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Sqrt", "Erf", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Identity",
@@ -169,6 +169,10 @@ def _conv(b, n, a):
     if x.type.rank == 3:
         _conv1d_as_2d(b, n, x, w, bias, s, d, p, int(a.get("group", 1)))
         return
+    q = blocked_weight(w)              # opset 21's blocked DequantizeLinear of a 4-bit weight
+    if q is not None and q.type.quant.axis == 1 and x.type.rank == 4 and all(v.is_const for v in bias):
+        b.emit(n, "ConvNBits", [x, q] + bias, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
+        return
     b.emit(n, "Conv", [x, w] + bias, {"strides": s, "dilations": d, "pads": p, "group": int(a.get("group", 1))})
 
 
@@ -250,7 +254,17 @@ def _gemm(b, n, a):
 
 @converter("MatMul")
 def _matmul(b, n, a):
-    b.emit(n, "MatMul", [b.val(n.input[0]), b.val(n.input[1])], {})
+    x, w = b.val(n.input[0]), b.val(n.input[1])
+    q = blocked_weight(w)              # B [K, N] from opset 21's blocked DequantizeLinear along K
+    if q is not None and q.type.rank == 2 and q.type.quant.axis == 0 and x.dtype == "float32":
+        qp = q.type.quant
+        sh = qp.scale_shape(q.shape)
+        t = QuantParams(qp.storage, np.asarray(qp.scale).reshape(sh).T.reshape(-1),
+                        np.asarray(qp.zero_point).reshape(sh).T.reshape(-1), axis=1, block_size=qp.block_size,
+                        scale_dtype=qp.scale_dtype)
+        b.emit(n, "MatMulNBits", [x, b.g.add_const(np.ascontiguousarray(q.data.T), q.name + "_t", quant=t)], {})
+        return
+    b.emit(n, "MatMul", [x, w], {})
 
 
 # ---- comparisons, logic, selection (bool results) and index ops --------------------------------

@@ -17,8 +17,12 @@ quantization support reads in one place):
   integer tensor from another op) is ``(Cast(q) - zero_point) * scale`` in float32, ONNX's formula
   with ONNX Runtime's rounding. Opset 19's float8 (``float8e4m3fn`` / ``float8e5m2`` zero points,
   ``saturate = 1``) imports as the float8 quantized types (zero point 0; fold-qdq then runs its
-  convs/gemms on float8 operands, :mod:`qcompiler.quant.fp8`). ``block_size`` (opset 21 blocked
-  quantization), 4-bit, the FNUZ float8 types, non-saturating float8 and scales computed at run
+  convs/gemms on float8 operands, :mod:`qcompiler.quant.fp8`). Opset 21's blocked DequantizeLinear
+  (``block_size``) of a constant INT4/UINT4 weight imports as a constant of the blocked 4-bit type
+  (:class:`~qcompiler.ir.types.QuantParams` ``block_size``), and the MatMul (blocks along K of
+  B [K, N]) or Conv (along its input channels) reading it as MatMulNBits / ConvNBits
+  (:func:`.onnx_registry.blocked_weight`); such a model is not pre-quantized (:func:`quantizes`). Other 4-bit or
+  blocked quantization, the FNUZ float8 types, non-saturating float8 and scales computed at run
   time are refused with one line each.
 * ``DynamicQuantizeLinear`` is lowered to float IR ops that compute exactly what ONNX Runtime
   computes (its ``GetQuantizationParameter`` + ``MlasQuantizeLinear``)::
@@ -64,7 +68,7 @@ def is_prequantized(path: str) -> bool:
     """Whether the ONNX file at ``path`` is a pre-quantized model (any node of :data:`PREQUANTIZED`
     in its main graph). False for a file ONNX cannot parse."""
     g = _main_graph(path)
-    return g is not None and any(n.op_type in PREQUANTIZED for n in g.node)
+    return g is not None and any(quantizes(n) for n in g.node)
 
 
 def prequantized_formats(path: str) -> tuple[str | None, list[str]]:
@@ -74,7 +78,7 @@ def prequantized_formats(path: str) -> tuple[str | None, list[str]]:
     integer one, (None, []) for a float model or a file ONNX cannot parse."""
     import onnx
     g = _main_graph(path)
-    if g is None or not any(n.op_type in PREQUANTIZED for n in g.node):
+    if g is None or not any(quantizes(n) for n in g.node):
         return None, []
     names = {onnx.TensorProto.FLOAT8E4M3FN: "e4m3", onnx.TensorProto.FLOAT8E5M2: "e5m2"}
     types = {t.name: t.data_type for t in g.initializer}
@@ -113,10 +117,44 @@ def _storage(b, n, a, zp: np.ndarray | None, dq: bool) -> str:
     return dt
 
 
+def quantizes(n) -> bool:
+    """Whether node ``n`` makes its model pre-quantized (:data:`PREQUANTIZED`): every such node but a
+    blocked DequantizeLinear (opset 21's ``block_size``: a weight-only 4-bit weight, which the
+    MatMul/Conv reading it imports as MatMulNBits/ConvNBits; the model stays a float one)."""
+    return n.op_type in PREQUANTIZED and not (
+        n.op_type == "DequantizeLinear" and any(at.name == "block_size" and at.i for at in n.attribute))
+
+
+def _blocked(b, n, a, shape: tuple[int, ...]) -> QuantParams:
+    """Opset 21's blocked DequantizeLinear of a constant 4-bit weight: scales (and zero points) of
+    the weight's shape with dim ``axis`` -> ceil(D / block_size)."""
+    blk = int(a["block_size"])
+    data = b.const(n.input[0])
+    if data is None or data.dtype.name not in ("int4", "uint4"):
+        raise b.fail(n, f"blocked quantization (block_size {blk}) of a non-constant or non-4-bit tensor",
+                     "qcompiler imports blocked DequantizeLinear of constant INT4/UINT4 weights")
+    scale = b.need_const(n, 1, "the scale")
+    zp = b.need_const(n, 2, "the zero point") if opt_input(n, 2) else None
+    if scale.dtype not in (np.float32, np.float16):
+        raise b.fail(n, f"has a {scale.dtype} scale", "qcompiler imports float32 or float16 scales")
+    ax = int(a.get("axis", 1)) % len(shape)
+    try:
+        qp = QuantParams(data.dtype.name, scale.astype(np.float32).reshape(-1),
+                         np.zeros(scale.size, int) if zp is None else zp.astype(np.int64).reshape(-1), axis=ax,
+                         block_size=blk, scale_dtype="float16" if scale.dtype == np.float16 else "float32")
+        if tuple(scale.shape) != qp.scale_shape(shape):
+            raise ValueError(f"scale shape {list(scale.shape)} is not {list(qp.scale_shape(shape))}")
+    except ValueError as e:
+        raise b.fail(n, f"bad blocked quantization parameters: {e}", "fix the model's scale / zero point") from None
+    return qp
+
+
 def qparams(b, n, a, shape: tuple[int, ...], dq: bool) -> QuantParams:
     """The node's scale / zero point / axis as :class:`QuantParams` for a tensor of ``shape``."""
     if int(a.get("block_size", 0)):
-        raise b.fail(n, f"blocked quantization (block_size {a['block_size']}) is not supported",
+        if dq:
+            return _blocked(b, n, a, shape)
+        raise b.fail(n, f"blocked quantization (block_size {a['block_size']}) is not supported by QuantizeLinear",
                      "quantize per tensor or per axis")
     scale = b.need_const(n, 1, "the scale")
     zp = b.need_const(n, 2, "the zero point") if opt_input(n, 2) else None
@@ -170,6 +208,8 @@ def _dequantize(b, n, x_name: str, qp: QuantParams, suffix: str | None = None):
     output, or (``suffix``) an extra value returned."""
     data = b.const(x_name)
     if data is not None:                       # weights, biases: a constant of the quantized type
+        if data.dtype.name in ("int4", "uint4"):     # ml_dtypes' 4-bit arrays: one value a byte as int8/uint8
+            data = data.astype(np.int8 if data.dtype.name == "int4" else np.uint8)
         q = b.g.add_const(np.asarray(data, order="C"), x_name, quant=qp)   # (ascontiguousarray makes 0-d 1-d)
     else:
         q = b.val(x_name)

@@ -49,3 +49,13 @@ def only_first_output(b, n, what: str):
         if o and b.used(o):
             raise b.fail(n, f"the {what} output is used", "qcompiler imports inference graphs: "
                          "export in eval/inference mode so this output is not needed")
+
+
+def blocked_weight(w):
+    """The constant blocked 4-bit weight behind the DequantizeLinear producing ``w`` (None if ``w`` is
+    not one): what a MatMul or Conv converter imports as MatMulNBits / ConvNBits."""
+    p = w.producer
+    if p is None or p.kind != "DequantizeLinear" or not p.operands[0].is_const:
+        return None
+    q = p.operands[0]
+    return q if q.type.quant is not None and q.type.quant.blocked and q.dtype in ("int4", "uint4") else None

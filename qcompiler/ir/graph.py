@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .types import QuantParams, TensorType
+from .types import QuantParams, TensorType, np_dtype
 
 
 class IRError(Exception):
@@ -289,7 +289,7 @@ class Graph:
         data = np.asarray(data, order="C")     # (np.ascontiguousarray would make a 0-d array 1-d)
         t = TensorType.of(data)
         if quant is not None:
-            if data.dtype != np.dtype(quant.storage):
+            if data.dtype != np_dtype(quant.storage):
                 raise IRError(f"constant '{name}': data is {data.dtype}, its quantized type stores {quant.storage}")
             t = t.with_quant(quant)
         v = self._register(Value(self.unique_name(name), t, data=data))
@@ -451,9 +451,10 @@ class Graph:
         return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def param_count(self) -> tuple[int, int]:
-        """(number of constant elements, bytes) over all constants."""
+        """(number of constant elements, bytes) over all constants (as stored: 4-bit values two per
+        byte, with their blocks' scales and zero points: :attr:`TensorType.stored_bytes`)."""
         n = sum(v.data.size for v in self.consts.values())
-        b = sum(v.data.nbytes for v in self.consts.values())
+        b = sum(v.type.stored_bytes for v in self.consts.values())
         return int(n), int(b)
 
     def clone(self) -> "Graph":

@@ -102,10 +102,22 @@ def _parse_type(lx: _Lexer) -> TensorType:
         storage = long_dtype(lx.regex(_IDENT, "a storage type").split(":")[0])
         lx.expect(":")
         expressed = long_dtype(lx.regex(_IDENT, "an expressed type"))
-        axis = None
+        axis, block, scale_dtype = None, 0, "float32"
         if lx.accept(":"):
-            axis = int(lx.number())
+            if lx.accept("{"):                        # blocked: {axis:block_size}
+                axis = int(lx.number())
+                lx.expect(":")
+                block = int(lx.number())
+                lx.expect("}")
+            else:
+                axis = int(lx.number())
         lx.expect(",")
+        if lx.accept("scales "):
+            try:
+                scale_dtype = long_dtype(lx.regex(_IDENT, "a scale type"))
+            except ValueError as e:
+                lx.fail(str(e))
+            lx.expect(",")
         scales, zps = [], []
         if axis is not None:
             lx.expect("{")
@@ -118,7 +130,7 @@ def _parse_type(lx: _Lexer) -> TensorType:
             lx.expect("}")
         lx.expect(">")
         try:
-            q = QuantParams(storage, tuple(scales), tuple(zps), axis, expressed)
+            q = QuantParams(storage, tuple(scales), tuple(zps), axis, expressed, block, scale_dtype)
         except ValueError as e:
             lx.fail(str(e))
         dtype = storage

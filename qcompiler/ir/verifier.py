@@ -10,7 +10,7 @@ import numpy as np
 
 from .graph import Graph, IRError
 from .ops import REGISTRY, InferError, infer_types
-from .types import np_dtype
+from .types import INT4, INT_RANGES, np_dtype
 
 
 class _Where:
@@ -55,6 +55,10 @@ def collect_errors(g: Graph, first_only: bool = False) -> list[str]:
             continue
         if tuple(v.data.shape) != v.type.shape or v.data.dtype != np_dtype(v.type.dtype):
             if err(f"constant %{v.name}: data {v.data.dtype}{list(v.data.shape)} does not match type {v.type}"):
+                return errs
+        elif v.type.dtype in INT4 and v.data.size and not (
+                INT_RANGES[v.type.dtype][0] <= int(v.data.min()) and int(v.data.max()) <= INT_RANGES[v.type.dtype][1]):
+            if err(f"constant %{v.name}: {v.type.dtype} data outside {list(INT_RANGES[v.type.dtype])}"):
                 return errs
         if v.name in names and err(f"value name %{v.name} defined twice"):
             return errs

@@ -293,7 +293,8 @@ class GptqRounding:
 
     def weights(self, op: Op, w: np.ndarray, wqp) -> tuple[np.ndarray | None, dict]:
         """``w`` (float32, output channels first: a conv's ``[N, C/g, kh, kw]``, a gemm's ``N x K``)
-        rounded onto the grid of ``wqp`` (int8 symmetric or float8, per channel or per tensor), as
+        rounded onto the grid of ``wqp`` (int8 symmetric or float8, per channel or per tensor; 4-bit
+        blocks along K of a gemm's ``[N, K]``, :mod:`.blockwise`), as
         float32 values ``s·q`` that ``quantize(·, wqp)`` stores exactly; ``(None, {})`` for a layer
         without a Gram matrix."""
         gram = self.grams.get(op.name)
@@ -304,9 +305,13 @@ class GptqRounding:
             g = gram.halves.shape[1]
             wm = np.asarray(w, np.float64).reshape(g, w.shape[0] // g, -1)
             s = np.broadcast_to(np.asarray(wqp.scale, np.float64).reshape(-1) if wqp.per_channel else
-                                np.float64(wqp.scale[0]), (w.shape[0],)).reshape(g, -1)
+                                np.float64(wqp.scale[0]), (w.shape[0],)).reshape(g, -1) if not wqp.blocked else None
             from ..ir.types import INT_RANGES, is_fp8
-            if is_fp8(wqp.storage):
+            if wqp.blocked:                     # 4-bit blocks along K (``w [N, K]``): scale, zero point per column
+                se, ze = wqp.element_params(w.shape)
+                rounder = integer_grid(se.astype(np.float64).reshape(wm.shape), *INT_RANGES[wqp.storage],
+                                       ze.astype(np.float64).reshape(wm.shape))
+            elif is_fp8(wqp.storage):
                 rounder = fp8_grid(s, wqp.storage)
             else:
                 lo, hi = INT_RANGES[wqp.storage]

@@ -344,6 +344,37 @@ def _gemm(op, xs, a):
     return [apply_activation(y.astype(np.float32), a.get("activation", ""), a.get("activation_params") or [])]
 
 
+@kernel("MatMulNBits")
+def _matmul_nbits(op, xs, a):
+    """Weight-only 4-bit (:mod:`qcompiler.ir.nbits_ops`): the weight dequantized as ONNX's
+    DequantizeLinear does (exact in float32), the products summed in float64, rounded once."""
+    w = dequantize(xs[1], op.operands[1].type.quant).astype(np.float64)
+    y = (xs[0].astype(np.float64) @ w.T).astype(np.float32)
+    return [y + xs[2].astype(np.float32) if len(xs) == 3 else y]
+
+
+@kernel("ConvNBits")
+def _conv_nbits(op, xs, a):
+    """A conv by the exactly dequantized 4-bit weight (float64 sum, one rounding)."""
+    w = dequantize(xs[1], op.operands[1].type.quant)
+    y = conv_sum(xs[0], w, a, _out_spatial(op))
+    if len(xs) == 3:
+        y = y + _channel(xs[2].astype(np.float64), y.ndim)
+    return [y.astype(np.float32)]
+
+
+@kernel("GatherBlockQuantized")
+def _gather_block_quantized(op, xs, a):
+    table, idx = xs[0], xs[1].astype(np.int64)
+    v = table.shape[0]
+    if idx.size and (idx.min() < -v or idx.max() >= v):
+        raise EvalError(f"{op.describe()}: index out of range [-{v}, {v})")
+    rows = np.where(idx < 0, idx + v, idx)
+    qp = op.operands[0].type.quant
+    s, z = qp.element_params(table.shape)
+    return [(table[rows].astype(np.int64) - z[rows]).astype(np.float32) * s[rows]]
+
+
 @kernel("MaxPool")
 def _maxpool(op, xs, a):
     x = xs[0]

@@ -121,3 +121,32 @@ def test_integer_ops_on_sdot_under_qemu(run_model, tmp_path, name):
     want = ort_plain(m, feeds)[0]
     y = _run_on_arm(run_model, out, feeds["x"], tmp_path)
     np.testing.assert_array_equal(y.reshape(want.shape), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("case", ["matmul", "matmul ragged K", "conv"])
+def test_nbits_kernels_under_qemu(run_model, tmp_path, case):
+    """The weight-only 4-bit kernels (MatMulNBits, ConvNBits: packed nibbles decoded at their load,
+    NEON's 4-lane vectors, a 16-row tile) against the reference interpreter, within the float32
+    rounding of their summation order (tests/codegen/test_x86_nbits.py's bound)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_x86_nbits import conv_graph, matmul_graph
+
+    from qcompiler.ir.types import dequantize
+    from qcompiler.ir.windows import conv_sum
+    from qcompiler.quant import reference
+    if case == "conv":
+        g, feeds = conv_graph(32, 24, 3, pad=1, blk=16, seed=2)
+    else:
+        g, feeds = matmul_graph((32, 96) if case == "matmul" else (5, 200), 40, 32 if case == "matmul" else 64,
+                                "int4" if case == "matmul" else "uint4", seed=1)
+    out = write_artifact(g, SPEC, tmp_path / "OUT")
+    want = reference.run(g, feeds)[0]
+    y = _run_on_arm(run_model, out, feeds["x"], tmp_path).reshape(want.shape)
+    op = g.ops[0]
+    w = op.operands[1]
+    wd = np.abs(dequantize(w.data, w.type.quant)).astype(np.float64)
+    x = np.abs(feeds["x"]).astype(np.float64)
+    mag = conv_sum(x, wd, dict(op.attrs), want.shape[2:]) if case == "conv" else x @ wd.T
+    k = int(np.prod(w.shape[1:]))
+    assert np.all(np.abs(y - want) <= k * 2.0 ** -24 * mag + 2.0 ** -23 * np.abs(want)), float(np.max(np.abs(y - want)))

@@ -324,7 +324,8 @@ def test_multiple_outputs_and_passthrough():
 
 QUANT_KINDS = ("QuantizeLinear", "DequantizeLinear", "Requantize",
                "ConvInteger", "MatMulInteger",   # pre-quantized models' integer ops: tests/codegen/test_x86_qdq.py
-               "DynamicQuantParams", "DynamicQLinearGemm")   # dynamic int8: tests/codegen/test_x86_dynamic_int8.py
+               "DynamicQuantParams", "DynamicQLinearGemm",   # dynamic int8: tests/codegen/test_x86_dynamic_int8.py
+               "MatMulNBits", "GatherBlockQuantized", "ConvNBits")   # int4 weights: tests/codegen/test_x86_nbits.py
 
 
 def _is_quant(kind: str) -> bool:

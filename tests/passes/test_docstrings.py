@@ -9,7 +9,7 @@ from ir_check import assert_ir, run_ir
 PASSES = {"const_fold": "const-fold", "dce": "dce", "cse": "cse", "simplify": "simplify", "fold_bn": "fold-bn",
           "fold_pad": "fold-pad", "crop_dead_taps": "crop-dead-taps", "fuse_act": "fuse-act", "expand_fused": "expand-fused",
           "relu6_to_relu": "relu6-to-relu", "equalize": "equalize", "fold_qdq": "fold-qdq",
-          "quantize_dynamic": "quantize-dynamic"}   # absorb-bias, bias-correct need recorded BN statistics: tested in their own files
+          "quantize_dynamic": "quantize-dynamic", "quantize_weights": "quantize-weights"}   # absorb-bias, bias-correct need recorded BN statistics: tested in their own files
 
 
 def example(doc: str, label: str) -> str:

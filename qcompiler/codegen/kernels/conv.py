@@ -95,12 +95,14 @@ def pack_input(x: LTensor, bi: int, pads, name: str = "pad", fill=0.0):
     return compute(shape, body, name), True
 
 
-def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0, name="w"):
+def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0, name="w", weight_at=None):
     """The blocked 2-D convolution sum shared by the float and int8 kernels.
 
     Packs the input into NCHW{b}c (padding with ``fill``) and the constant weight at compile time,
     and sums ``product(input_element, weight_element)`` over the window: depthwise convs in their
-    own layout, the rest register-blocked over ``bo`` output channels. Returns (accumulator, bo)."""
+    own layout, the rest register-blocked over ``bo`` output channels. Returns (accumulator, bo).
+    ``weight_at(w, bo, bi)`` (not depthwise): packs ``w`` (output channels padded) itself and returns
+    the weight element at (ko, ico, rh, rw, ici, ki) (4-bit weights: :mod:`.nbits`)."""
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
     g = a["group"]
@@ -109,6 +111,8 @@ def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0,
     oh, ow = out_shape[2:]
     vw = ctx.vw
     if cg == 1 and kg == 1 and g > 1:
+        if weight_at is not None:
+            raise NotImplementedError("a depthwise conv of packed weights")
         b = x.block if x.block and c % x.block == 0 else pick_block(c, vw)
         P, padded = pack_input(x, b, pads, fill=fill)
         wp = ctx.param(w.reshape(c // b, b, r, s).transpose(0, 2, 3, 1), f"{name}_dw")
@@ -125,7 +129,11 @@ def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0,
     bo, reg_n = register_tile(ow, ctx, pick_block(kg, vw), kg % (2 * vw) == 0 and ow >= 8)
     bi = x.block if x.block and cg % x.block == 0 else pick_block(cg, vw, allow_small_full=True)
     P, padded = pack_input(x, bi, pads, fill=fill)
-    wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), f"{name}_conv")
+    if weight_at is None:
+        wp = ctx.param(w.reshape(k // bo, bo, cg // bi, bi, r, s).transpose(0, 2, 4, 5, 3, 1), f"{name}_conv")
+        weight = lambda *i: wp[i]            # noqa: E731
+    else:
+        weight = weight_at(w, bo, bi)
     ico, ici = te.reduce_axis((0, cg // bi), "ico"), te.reduce_axis((0, bi), "ici")
     rh, rw = te.reduce_axis((0, r), "rh"), te.reduce_axis((0, s), "rw")
     per_group = cg // bi
@@ -133,7 +141,7 @@ def conv2d_accumulate(ctx, a, x, w: np.ndarray, out_shape, product, *, fill=0.0,
     def body(i, ko, y, xx, ki):
         base = ((ko * bo) // kg) * per_group if g > 1 else 0
         return te.sum(product(P[i, base + ico, y * sh + rh * dh, xx * sw + rw * dw, ici],
-                              wp[ko, ico, rh, rw, ici, ki]), axis=[ico, rh, rw, ici])
+                              weight(ko, ico, rh, rw, ici, ki)), axis=[ico, rh, rw, ici])
     acc = compute((n, k // bo, oh, ow, bo), body, name="conv")
     ctx.schedule("conv2d", reg_n=reg_n, pad=padded, block=store or bo)
     return acc, bo

@@ -262,13 +262,16 @@ def _tiles_order(io, no, rows: int, cols: int):
     return (no, io) if rows < cols else (io, no)
 
 
-def dense(sch, vw, mb):
+def dense(sch, vw, mb, unroll_last=False):
+    """Block "dense" has loops (i, no, ni, *reductions): one, or (block, byte, nibble) of the 4-bit
+    weights (:mod:`..kernels.nbits`, ``unroll_last``: the nibble loop unrolled, one load for both)."""
     blk = sch.get_sblock("dense")
-    i, no, ni, rk = sch.get_loops(blk)
+    i, no, ni, *red = sch.get_loops(blk)
+    rk = red[0]
     rows, cols = _extent(sch, i), _extent(sch, no) * _extent(sch, ni)
     io, ii = sch.split(i, [None, mb])
     a, b = _tiles_order(io, no, rows, cols)
-    sch.reorder(a, b, rk, ii, ni)
+    sch.reorder(a, b, *red, ii, ni)
     par = sch.fuse(a, b)
     if _extent(sch, par) > 1:
         threads.parallel(sch, par)
@@ -278,6 +281,8 @@ def dense(sch, vw, mb):
     _vectorize_inner(sch, acc, 1)
     sch.vectorize(ni)
     sch.unroll(ii)
+    if unroll_last and len(red) > 1:
+        sch.unroll(red[-1])
     init = sch.decompose_reduction(blk, rk)
     sch.vectorize(sch.get_loops(init)[-1])
 
