@@ -4,7 +4,6 @@ how to fix), exit code 2, nothing written."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from qcompiler.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realmodels as rm  # noqa: E402
+from cli_errors import assert_refused  # noqa: E402
 
 FASHION = str(rm.MODELS_DIR / "fashion_mobilenet.onnx")
 DATA = str(rm.MODELS_DIR / "fashion_test.npz")
@@ -36,13 +36,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_weights_flags(tmp_path, capsys, case):
-    argv, msg = BAD[case]
-    out = tmp_path / "out"
-    code = main(["compile", FASHION, "-o", str(out), "-q", *argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("qcompile: error: ") and msg in err, err
-    assert not out.exists() and os.listdir(tmp_path) == []
+    assert_refused(tmp_path, capsys, FASHION, *BAD[case])
 
 
 def test_compile_int4_weights(tmp_path):
