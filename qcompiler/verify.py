@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from .codegen.target import QUANTIZED_DTYPES
 from .errors import UserError
 from .ir.types import is_fp8
 from .runtime.batches import batch_plan, load_inputs, name_inputs
@@ -182,7 +183,7 @@ def read_quantized(out_dir: str | Path):
     if m["target"]["family"] == "cuda":
         raise UserError("verify runs x86 and arm artifacts; cuda artifacts have no debug functions yet", str(out),
                         "compile the same model for --target x86 or arm and verify that")
-    if m["target"].get("dtype") in ("int8", "fp8") and debug is None:
+    if m["target"].get("dtype") in QUANTIZED_DTYPES and debug is None:
         if _static_layers(out, m) == 0:
             raise UserError("artifact has no per-layer functions to verify: no kernel stores a statically quantized "
                             "value (report.json lists no layer with a fixed scale: activations quantized at run "

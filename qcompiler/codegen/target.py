@@ -33,6 +33,9 @@ FAMILIES = tuple(f.value for f in Family)
 # 1.046 ms, interleaved medians; 2026-11-23).
 LLVM_OPTIONS = ("-unroll-threshold-aggressive:uint=150",)
 DTYPES = ("fp32", "fp16", "bf16", "int8", "fp8")
+QUANTIZED_DTYPES = ("int8", "fp8")
+"""The ``--dtype`` values that quantize (the quantize pass, or fold-qdq for a pre-quantized model);
+what a build report or a layer record calls a quantized precision."""
 FP8_FORMATS = ("e4m3", "e5m2")
 FP8_MIN_SM = 89
 """The oldest CUDA SM with float8 tensor cores (PTX ``mma.sync...m16n8k32...e4m3/e5m2``: sm_89+)."""

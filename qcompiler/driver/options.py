@@ -13,15 +13,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from ..codegen.target import Family, TargetSpec
+from ..codegen.target import QUANTIZED_DTYPES, Family, TargetSpec
 from ..errors import UserError
 from ..ir.quant_ops import DYNAMIC_GRANULARITIES
 from ..plan.mixed import BudgetOptions
 from ..quant.gptq import WeightRounding
 from .shapes import DynamicDim
 
-QUANTIZED_DTYPES = ("int8", "fp8")
-"""The ``--dtype`` values that quantize (the quantize pass, or fold-qdq for a pre-quantized model)."""
 
 RANDOM = "random"
 """``CalibOptions.source`` for calibration on seeded random normal data (not representative; warns)."""

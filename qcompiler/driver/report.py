@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..codegen.target import QUANTIZED_DTYPES
 from ..plan import mixed, report, report_html, sparse_report
 from ..plan.dfq import artifact_files
 from ..plan.dfq import report as dfq_report
@@ -31,7 +32,7 @@ class ReportFiles:
         data = report_html.compile_data(g, pm, model=name, target=spec.family, dtype=spec.dtype,
                                         ops_before=ops_before, params_before=params_before,
                                         timings=opts.pipeline.time_passes)   # seconds only on request
-        quantized = spec.dtype in ("int8", "fp8") and is_quantized(g)
+        quantized = spec.dtype in QUANTIZED_DTYPES and is_quantized(g)
         if quantized:
             calib = getattr(pm.ctx.options.get("quantize"), "calib", None)
             calibration = {"source": c.source, "samples": calib.num_samples if calib is not None

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..codegen.target import QUANTIZED_DTYPES
 from .dfq import to_svg
 from .mixed import criterion_text
 from .report import OUTLIER_LEVELS, passes_changed
@@ -127,7 +128,7 @@ def warnings_of(report: dict) -> list[str]:
     if acc and acc["int8"] < acc["fp32"]:
         out.append(f"top-1 accuracy on the labels drops from {100 * acc['fp32']:.2f} % (fp32) to "
                    f"{100 * acc['int8']:.2f} % (int8)")
-    if report.get("dtype") in ("int8", "fp8"):
+    if report.get("dtype") in QUANTIZED_DTYPES:
         for r in report.get("layers", []):
             if r.get("precision") == "float":
                 out.append(f"layer {r['name']} ({r['kind']}) kept in float"
@@ -208,7 +209,7 @@ ul.warnings li { color: #a12622; } p.note { color: #555; }
 
 def _layer_table(report: dict) -> str:
     layers = report.get("layers", [])
-    int8 = report.get("dtype") in ("int8", "fp8")
+    int8 = report.get("dtype") in QUANTIZED_DTYPES
     if int8:
         head = ["#", "layer", "op", "output shape", "precision", "scale", "zero point", "weight scales",
                 "range set by", "SQNR dB"]
@@ -255,7 +256,7 @@ def _layer_table(report: dict) -> str:
 def render(report: dict, *, equalization: dict | None = None) -> str:
     """The report as one HTML page (UTF-8 text, no script, no external resource). ``equalization``:
     the equalize pass's report (:func:`qcompiler.plan.dfq.report`), plotted when given."""
-    int8 = report.get("dtype") in ("int8", "fp8")
+    int8 = report.get("dtype") in QUANTIZED_DTYPES
     s = report.get("summary", {})
     title = f"qcompiler build report: {report.get('model') or 'model'} ({report.get('dtype', '?')}, " \
             f"{report.get('target', '?')})"

@@ -46,6 +46,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..codegen.target import QUANTIZED_DTYPES
 from ..errors import UserError
 from ..ir.graph import Graph
 from ..ir.types import dequantize
@@ -190,7 +191,7 @@ class Sensitivity:
         self._parent: frozenset = frozenset()       # the float set whose run _base holds
         self._wanted: dict[frozenset, int] = {}      # how often a set would have been the better base
         self.layers = layers                         # the all-int8 plan's record, per layer
-        self.candidates = [n for n, v in layers.items() if v["precision"] in ("int8", "fp8") and "method" in v]
+        self.candidates = [n for n, v in layers.items() if v["precision"] in QUANTIZED_DTYPES and "method" in v]
         self.kinds = {n: layers[n]["kind"] for n in self.candidates}
         self._cache: dict[frozenset, Scores] = {}
         self._per_sample: dict[frozenset, "PerSample | None"] = {}
@@ -411,7 +412,7 @@ class Sensitivity:
         key = frozenset(c for c in self.candidates if c != name)
         s = self.scores(key)
         layers = self._int8_alone[key]
-        return s if layers.get(name, {}).get("precision") in ("int8", "fp8") else None
+        return s if layers.get(name, {}).get("precision") in QUANTIZED_DTYPES else None
 
     def only_float(self, name: str) -> Scores:
         return self.scores(frozenset({name}))
