@@ -195,17 +195,12 @@ CALIB_RUN = "quantize.calib_run"
 def gptq_rounding(graph: Graph, pl, opts: QuantizeOptions, pre: dict | None = None) -> GptqRounding | None:
     """``weight_rounding`` gptq: the Gram matrices of the convs/gemms to quantize over the
     calibration data (the float graph after step 1), or those of the run ``pre`` made on the same
-    data; None for round-to-nearest. Refused without calibration data (GPTQ fitted to random
-    inputs would fit their directions, not the model's)."""
-    if opts.weight_rounding is not WeightRounding.GPTQ:
-        return None
-    if opts.calib is None:
-        raise UserError("GPTQ weight rounding fits the weights to calibration data, and none is given",
-                        "quantize", "give calibration data (--calib DATA), or --weight-rounding nearest")
-    if pre is not None and pre["calib"] is opts.calib and pre.get("rounding") is not None:
+    data; None for round-to-nearest (:meth:`~qcompiler.quant.gptq.GptqRounding.asked`)."""
+    if pre is not None and pre["calib"] is opts.calib and pre.get("rounding") is not None \
+            and opts.weight_rounding is WeightRounding.GPTQ:
         return pre["rounding"]
     layers = [op for op, role in pl.role.items() if role == "compute" and op.kind in CONVS + GEMMS]
-    return GptqRounding.collect(graph, opts.calib, layers)
+    return GptqRounding.asked(opts.weight_rounding, graph, opts.calib, layers, "quantize")
 
 
 @register_pass("quantize", options=QuantizeOptions)

@@ -50,7 +50,7 @@ def _rewritten(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict, rou
 
 
 def bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict,
-                           float_outputs: list | None = None, *, rounding=None) -> tuple[bool, float, float]:
+                           float_outputs: list | None = None) -> tuple[bool, float, float]:
     """Whether the bias correction lowers the error of the graph outputs on the calibration data:
     (keep it, output SQNR in dB with it, without it, over the feeds compared), the quantized graph
     run by the reference interpreter against the float graph.
@@ -61,15 +61,15 @@ def bias_correction_helps(src: Graph, opts: QuantizeOptions, ranges: dict, means
     uspsnet it made the output worse even with E[x] taken from the evaluation data itself
     (36.37 -> 36.28 dB; on its 256 calibration samples 40.92 -> 40.68 dB, the same sign on all
     five real models). So it is kept only where the calibration data says it helps: strictly
-    lower total squared error of the outputs (both with the weights ``rounding`` gives, GPTQ's or
-    None: round-to-nearest's). ``float_outputs``: ``src``'s outputs per calibration
+    lower total squared error of the outputs (round-to-nearest's weights; with GPTQ's,
+    :func:`choose_corrections` decides both at once). ``float_outputs``: ``src``'s outputs per calibration
     feed when already computed (:func:`layer_input_means` runs the same float graph on the same
     feeds), else run here.
 
     The feeds are compared in groups of MIN_FEEDS (:func:`variant_runner`), and the comparison
     stops early once the remaining ones cannot plausibly reverse the sign (:func:`sign_settled`):
     each feed costs two whole-model runs, and the answer often is clear after a few."""
-    noise, signal = calibration_errors(src, opts, ranges, {"with": (means, rounding), "without": ({}, rounding)},
+    noise, signal = calibration_errors(src, opts, ranges, {"with": (means, None), "without": ({}, None)},
                                        float_outputs, settle=True)
     db = {k: sqnr_from_energies(signal, n) for k, n in noise.items()}
     return noise["with"] < noise["without"], db["with"], db["without"]
@@ -92,25 +92,14 @@ def calibration_errors(src: Graph, opts: QuantizeOptions, ranges: dict, variants
         (len(opts.calib) if hasattr(opts.calib, "__len__") else None)
     signal = 0.0                                  # Σ ref², Σ (y - ref)² per variant, over the feeds compared
     noise = {k: 0.0 for k in runners}
-    first, second = (list(runners) + [None, None])[:2]
-    diffs: list[float] = []
+    diffs: list[float] = []                       # settle: err(first) - err(second) per feed
     stream = iter(opts.calib)
     i = 0
-
-    def run(pair: tuple, group: list) -> list:
-        if len(pair) == 1:
-            return pair[0](group)
-        out: list = [None] * len(group)
-        for parity, one in enumerate(pair):
-            at = [j for j in range(len(group)) if (i + j) % 2 == parity]
-            for j, y in zip(at, one([group[j] for j in at]) if at else []):
-                out[j] = y
-        return out
     while True:
         group = list(itertools.islice(stream, MIN_FEEDS))        # one batched run per group
         if not group:
             break
-        runs = {k: run(pair, group) for k, pair in runners.items()}
+        runs = {k: _run_by_parity(pair, group, i) for k, pair in runners.items()}
         ref_runs = reference_run(group) if reference_run is not None else None
         for j, feeds in enumerate(group):
             outs = float_outputs[i + j] if float_outputs is not None else ref_runs[j]
@@ -118,12 +107,26 @@ def calibration_errors(src: Graph, opts: QuantizeOptions, ranges: dict, variants
             err = {k: sum(_sum_sq(b, a) for a, b in zip(outs, runs[k][j])) for k in runners}
             for k in runners:
                 noise[k] += err[k]
-            if second is not None:
+            if settle:
+                first, second = runners
                 diffs.append(err[first] - err[second])
         i += len(group)
-        if settle and len(runners) == 2 and total is not None and sign_settled(diffs, total):
+        if settle and total is not None and sign_settled(diffs, total):
             break
     return noise, signal
+
+
+def _run_by_parity(runners: tuple, group: list, start: int) -> list:
+    """The outputs of one runner for every feed of ``group``, or of a pair: feed ``start + j`` run by
+    ``runners[(start + j) % 2]``."""
+    if len(runners) == 1:
+        return runners[0](group)
+    out: list = [None] * len(group)
+    for parity, run in enumerate(runners):
+        at = [j for j in range(len(group)) if (start + j) % 2 == parity]
+        for j, y in zip(at, run([group[j] for j in at]) if at else []):
+            out[j] = y
+    return out
 
 
 def choose_corrections(src: Graph, opts: QuantizeOptions, ranges: dict, means: dict, float_outputs: list | None,

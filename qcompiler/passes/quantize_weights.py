@@ -226,16 +226,6 @@ def _rewrite_gather(graph: Graph, op: Op, opts) -> tuple[Op, dict]:
     return new, {"rounding": "nearest", "n": int(t.shape[0]), "k": int(t.shape[1])}
 
 
-def gptq_rounding(graph: Graph, layers: list[Op], opts: QuantizeWeightsOptions) -> GptqRounding | None:
-    """The Gram matrices of ``layers`` over the calibration data (rounding gptq), else None."""
-    if opts.rounding is not WeightRounding.GPTQ:
-        return None
-    if opts.calib is None:
-        raise UserError("GPTQ weight rounding fits the weights to calibration data, and none is given",
-                        "quantize-weights", "give calibration data (--calib DATA), or --weight-rounding nearest")
-    return GptqRounding.collect(graph, opts.calib, layers)
-
-
 @register_pass("quantize-weights", options=QuantizeWeightsOptions)
 def quantize_weights(graph: Graph, ctx: PassContext) -> bool:
     """Weight-only 4-bit: MatMul/Gemm weights and Gather tables stored int4/uint4 in blocks along
@@ -254,7 +244,8 @@ def quantize_weights(graph: Graph, ctx: PassContext) -> bool:
             todo.append(op)
         elif op.kind != "Gather" or op.operands[0].is_const:
             layers[op.name] = {"kind": op.kind, "precision": "float", "reason": why}
-    rounding = gptq_rounding(graph, [op for op in todo if op.kind in GEMMS + CONVS], opts)
+    rounding = GptqRounding.asked(opts.rounding, graph, opts.calib, [op for op in todo if op.kind in GEMMS + CONVS],
+                                  "quantize-weights")
     for op in todo:
         kind = op.kind
         new, info = (_rewrite_gather(graph, op, opts) if kind == "Gather" else

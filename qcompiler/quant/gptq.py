@@ -146,28 +146,40 @@ CONVS = ("Conv", "FusedConv")
 
 @dataclass
 class CalibGram:
-    """A layer's Gram matrix over the calibration feeds, in two halves: ``halves[0]`` sums the
-    even-numbered feeds' rows, ``halves[1]`` the odd ones' (the samples are independent, the rows of
+    """A layer's Gram matrix over the calibration feeds, in two halves: ``parts[0]`` sums the
+    even-numbered feeds' rows, ``parts[1]`` the odd ones' (the samples are independent, the rows of
     one sample are not), for :func:`choose_rounding`'s held-out check."""
-    halves: np.ndarray                   # [2, g, K, K]
+    parts: tuple[Gram, Gram]
     units: int = 0
-    rows: int = 0
 
     @classmethod
     def empty(cls, groups: int, k: int) -> "CalibGram":
-        return cls(np.zeros((2, groups, k, k)))
+        return cls((Gram(groups, k), Gram(groups, k)))
+
+    @property
+    def halves(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.parts[0].h, self.parts[1].h
 
     @property
     def h(self) -> np.ndarray:
-        return self.halves[0] + self.halves[1]
+        return self.parts[0].h + self.parts[1].h
+
+    @property
+    def groups(self) -> int:
+        return self.parts[0].h.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.parts[0].h.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        return self.parts[0].rows + self.parts[1].rows
 
     def add(self, rows: np.ndarray) -> None:
         """One feed's rows ``[g, r, K]``."""
-        one = Gram(*self.halves.shape[1:3])
-        one.add(rows)
-        self.halves[self.units % 2] += one.h
+        self.parts[self.units % 2].add(rows)
         self.units += 1
-        self.rows += rows.shape[1]
 
 
 def choose_rounding(w: np.ndarray, gram: CalibGram, rounder: Rounder, halves: list | None = None,
@@ -238,9 +250,9 @@ def layer_grams(graph: Graph, calib: Iterable, layers: list[Op], *, rows_per_col
             spatial = tuple(op.result.shape[2:])
             total = len(x) * int(np.prod(spatial))
             cap = total if rows_per_column is None else \
-                -(-max(rows_per_column * gram.h.shape[-1], min_rows) // max(len(feeds), 1))
+                -(-max(rows_per_column * gram.k, min_rows) // max(len(feeds), 1))
             pick = np.sort(rng.choice(total, cap, replace=False)) if cap < total else None
-            gram.add(conv_rows(x, op.operands[1].shape[2:], attrs, spatial, gram.h.shape[0], pick))
+            gram.add(conv_rows(x, op.operands[1].shape[2:], attrs, spatial, gram.groups, pick))
 
     try:
         run = float_runner(graph, want)      # fails here, not at a feed, where onnxruntime cannot run it
@@ -269,13 +281,28 @@ class GptqRounding:
         w_hat, info = rounding.weights(op, w, wqp)      # w [N, ...] output channels first; None: not a layer
     """
 
-    def __init__(self, grams: dict[str, CalibGram]):
+    def __init__(self, grams: dict[str, CalibGram], done: dict | None = None, half: int | None = None):
         self.grams = grams
-        self._done: dict = {}
+        self._done: dict = {} if done is None else done      # (layer, params) -> (ŵ, info, [ŵ of each half])
+        self._half = half
 
     @classmethod
     def collect(cls, graph: Graph, calib: Iterable, layers: list[Op]) -> "GptqRounding":
         return cls(layer_grams(graph, calib, layers) if layers else {})
+
+    @classmethod
+    def asked(cls, rounding: WeightRounding, graph: Graph, calib: Iterable | None, layers: list[Op],
+              where: str) -> "GptqRounding | None":
+        """:meth:`collect` where ``rounding`` is gptq (None for round-to-nearest); refused without
+        calibration data (GPTQ fitted to random inputs would fit their directions, not the
+        model's). ``where``: the pass, for the error."""
+        if rounding is not WeightRounding.GPTQ:
+            return None
+        if calib is None:
+            from ..errors import UserError
+            raise UserError("GPTQ weight rounding fits the weights to calibration data, and none is given",
+                            where, "give calibration data (--calib DATA), or --weight-rounding nearest")
+        return cls.collect(graph, calib, layers)
 
     def choices(self) -> dict[str, str]:
         """Layer name -> "gptq" or "nearest": the choice of each layer rounded so far."""
@@ -285,11 +312,7 @@ class GptqRounding:
         """The same rounding with each layer's weights fitted on the calibration feeds of one half
         alone (even-numbered feeds: 0, odd: 1; round-to-nearest's where that is the layer's choice):
         run on the other half's feeds, the whole model's error with GPTQ as on data it did not see."""
-        view = GptqRounding(self.grams)
-        view._done, view._half = self._done, half
-        return view
-
-    _half: int | None = None
+        return GptqRounding(self.grams, self._done, half)
 
     def weights(self, op: Op, w: np.ndarray, wqp) -> tuple[np.ndarray | None, dict]:
         """``w`` (float32, output channels first: a conv's ``[N, C/g, kh, kw]``, a gemm's ``N x K``)
@@ -302,23 +325,25 @@ class GptqRounding:
             return None, {}
         key = (op.name, wqp)
         if key not in self._done:
-            g = gram.halves.shape[1]
-            wm = np.asarray(w, np.float64).reshape(g, w.shape[0] // g, -1)
-            s = np.broadcast_to(np.asarray(wqp.scale, np.float64).reshape(-1) if wqp.per_channel else
-                                np.float64(wqp.scale[0]), (w.shape[0],)).reshape(g, -1) if not wqp.blocked else None
-            from ..ir.types import INT_RANGES, is_fp8
-            if wqp.blocked:                     # 4-bit blocks along K (``w [N, K]``): scale, zero point per column
-                se, ze = wqp.element_params(w.shape)
-                rounder = integer_grid(se.astype(np.float64).reshape(wm.shape), *INT_RANGES[wqp.storage],
-                                       ze.astype(np.float64).reshape(wm.shape))
-            elif is_fp8(wqp.storage):
-                rounder = fp8_grid(s, wqp.storage)
-            else:
-                lo, hi = INT_RANGES[wqp.storage]
-                rounder = integer_grid(s, max(lo, -hi), hi)          # symmetric: -127..127
+            wm = np.asarray(w, np.float64).reshape(gram.groups, w.shape[0] // gram.groups, -1)
             halves: list = []
-            w_hat, info = choose_rounding(wm, gram, rounder, halves)
+            w_hat, info = choose_rounding(wm, gram, _grid(wqp, w.shape, wm.shape), halves)
             self._done[key] = (w_hat.reshape(w.shape).astype(np.float32), info,
                                [h.reshape(w.shape).astype(np.float32) for h in halves])
         w_hat, info, halves = self._done[key]
         return (w_hat if self._half is None else halves[self._half]), info
+
+
+def _grid(wqp, shape: tuple, matrix: tuple) -> Rounder:
+    """The rounder of weight params ``wqp`` for a weight of ``shape`` seen as ``matrix [g, N/g, K]``."""
+    from ..ir.types import INT_RANGES, is_fp8
+    if wqp.blocked:                     # 4-bit blocks along K (``w [N, K]``): scale, zero point per column
+        se, ze = wqp.element_params(shape)
+        return integer_grid(se.astype(np.float64).reshape(matrix), *INT_RANGES[wqp.storage],
+                            ze.astype(np.float64).reshape(matrix))
+    s = np.broadcast_to(np.asarray(wqp.scale, np.float64).reshape(-1) if wqp.per_channel else
+                        np.float64(wqp.scale[0]), (shape[0],)).reshape(matrix[:2])
+    if is_fp8(wqp.storage):
+        return fp8_grid(s, wqp.storage)
+    lo, hi = INT_RANGES[wqp.storage]
+    return integer_grid(s, max(lo, -hi), hi)          # symmetric: -127..127
